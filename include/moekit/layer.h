@@ -1,0 +1,59 @@
+// One MoE layer forward: router GEMM -> routing -> dispatch -> experts -> combine.
+//
+// Backends share these argument and result types, so one test body runs every backend
+// ("cpu::op(args) and cuda::op(args) take the same args", STYLE.md). The CPU reference
+// (src/cpu/reference_*.cpp) is the oracle; it is written for clarity, not speed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moekit/dtype.h"
+#include "moekit/routing.h"
+#include "moekit/weights.h"
+
+namespace moekit {
+
+enum class FuseShared { Auto, On, Off };
+const char* fuse_shared_name(FuseShared f);
+FuseShared parse_fuse_shared(const std::string& s);  // "auto" | "on" | "off"
+// MOEKIT_FUSE_SHARED_EXPERTS (auto|on|off|1|0), when set, overrides the requested mode.
+FuseShared fuse_shared_from_env(FuseShared requested);
+
+// Non-finite values in x are an error (the layer throws naming the token and column): a NaN in
+// an activation means something upstream broke, and propagating it silently hides where.
+struct ForwardResult {
+  int tokens = 0;
+  int hidden = 0;
+  std::vector<float> y;  // [tokens, hidden], fp32 (GPU backends return bf16 rounded to float)
+  Routing routing;       // what was picked
+  bool fused = false;    // whether the shared expert ran as fused slots
+};
+
+namespace cpu_reference {
+
+// logits[T, router_columns] = x[T,H] . Wg^T (+ router bias), fp32 out, double accumulation.
+std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int tokens);
+
+// Routing of DESIGN.md §1 on fp32 logits [tokens, cfg.logits_columns].
+// correction_bias / router_bias may be null when cfg says there is none.
+Routing route(const RoutingConfig& cfg, const float* logits, int tokens,
+              const float* correction_bias);
+
+// One expert (routed or fused slot) on one token: out[H] = W2 . act(W13 . x) (+ biases).
+void expert_forward(const MoeSpec& spec, const ExpertView& ex, const Bf16* x, float* out);
+
+// The unfused shared MLP on one token (before its gate scale).
+void shared_forward(const LayerWeights& w, const Bf16* x, float* out);
+
+// The whole layer. fuse: Off runs the shared expert as its own MLP; On runs it as S slots of the
+// routed experts (throws if the spec cannot fuse); Auto = On when fusable.
+ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse);
+
+}  // namespace cpu_reference
+
+// Throws naming the first non-finite element of x[tokens, hidden].
+void check_finite_input(const Bf16* x, int tokens, int hidden);
+
+}  // namespace moekit
