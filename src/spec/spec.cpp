@@ -83,6 +83,8 @@ class ConfigReader {
   std::string name_;
 };
 
+constexpr int kMaxLayers = 1 << 16;
+
 // Integer that must fit an int and be > 0.
 int positive(const ConfigReader& c, const char* key, long long v) {
   MK_CHECK(v > 0 && v <= (1LL << 30),
@@ -255,6 +257,10 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
 
   s.hidden = positive(c, "hidden_size", c.integer("hidden_size"));
   s.num_layers = positive(c, "num_hidden_layers", c.integer("num_hidden_layers"));
+  // The layer list is materialised (moe_layers), so a corrupt count must not allocate gigabytes;
+  // published models have at most a few hundred layers.
+  MK_CHECK(s.num_layers <= kMaxLayers, "config '" << c.name() << "': 'num_hidden_layers' = "
+                                                  << s.num_layers << " exceeds " << kMaxLayers);
   const char* experts_key = c.first_of({"n_routed_experts", "num_experts", "num_local_experts"});
   s.num_experts = positive(c, experts_key, c.integer(experts_key));
   const char* topk_key = c.first_of({"num_experts_per_tok", "experts_per_token"});
@@ -326,7 +332,9 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
   } else if (c.integer_or("n_shared_experts", 0) > 0) {
     s.shared_kind = SharedKind::Plain;  // DeepSeek family: n_shared_experts * I
     const int n_shared = positive(c, "n_shared_experts", c.integer("n_shared_experts"));
-    s.shared_intermediate = n_shared * s.expert_intermediate;
+    // In 64 bits: both factors may be up to 2^30, and an int product would overflow.
+    s.shared_intermediate = positive(c, "n_shared_experts * moe_intermediate_size",
+                                     static_cast<long long>(n_shared) * s.expert_intermediate);
   } else {
     MK_CHECK(c.integer_or("n_shared_experts", 0) >= 0 &&
                  c.integer_or("shared_intermediate_size", 0) >= 0 &&
@@ -382,6 +390,10 @@ void validate_spec(const MoeSpec& s, bool require_fusable) {
   MK_CHECK(s.num_hash_layers >= 0 && s.num_hash_layers <= s.num_layers,
            "config '" << n << "': num_hash_layers = " << s.num_hash_layers << " outside [0, "
                       << s.num_layers << "]");
+  // Weight rows E + S and slots k + S are ints everywhere; keep them far from overflow.
+  MK_CHECK(static_cast<long long>(s.num_experts) + s.shared_slots() <= (1LL << 30),
+           "config '" << n << "': number of experts (" << s.num_experts << ") + shared slots ("
+                      << s.shared_slots() << ") exceeds 2^30");
   if (require_fusable) {
     MK_CHECK(s.shared_kind != SharedKind::None,
              "config '" << n << "': shared-expert fusion asked for, but the model has no shared expert");

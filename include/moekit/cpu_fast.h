@@ -1,0 +1,61 @@
+// The fast CPU backend: the same MoE layer as cpu_reference::forward, at the machine's memory
+// bandwidth. It is the default for `--device cpu`; the reference stays the oracle.
+//
+// Decode on a CPU is bound by streaming the touched experts' weights once. The backend groups the
+// (token, slot) pairs by expert and streams every touched expert's rows exactly once for all of
+// its tokens, on every core at once (each thread owns a slice of the rows of every expert), with
+// SiLU·mul fused after the first GEMM and the weighted combine fused after the second. SIMD code
+// for AVX-512 (with AVX512-BF16 dot products where the CPU has them) and AVX2 is chosen at run
+// time from the CPU's features; a portable path runs everywhere. Routing reuses
+// cpu_reference::route, fed by a router GEMM that accumulates in double like the reference, so
+// both backends pick the same experts.
+//
+// Numerical contract: weights and x are read exactly (bf16, or fp32 router weights); the expert
+// GEMMs accumulate in fp32 (the reference in double), so y agrees with the reference to ~1e-5
+// relative to the output's magnitude (tests allow 1e-4). For a given ISA the result does not
+// depend on the thread count (each output element is summed in the same order whatever the
+// split).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "moekit/layer.h"
+
+namespace moekit::cpu_fast {
+
+enum class Isa { Auto, Avx512, Avx2, Portable };
+const char* isa_name(Isa isa);      // "auto" | "avx512" | "avx2" | "portable"
+Isa parse_isa(const std::string& s);  // throws naming the value and the allowed spellings
+// Whether this CPU (and OS) can run the code of `isa`; Auto and Portable are always supported.
+bool isa_supported(Isa isa);
+// Whether this CPU has AVX512-BF16 (vdpbf16ps), which the AVX-512 path uses for the first GEMM.
+bool cpu_has_avx512_bf16();
+// The ISA a forward runs with: `requested` unless Auto; Auto takes $MOEKIT_CPU_ISA when set, else
+// the best the CPU supports. Throws when the result is not supported by this CPU.
+Isa resolve_isa(Isa requested);
+
+struct FastOptions {
+  int threads = 0;        // 0 = every core (std::thread::hardware_concurrency)
+  Isa isa = Isa::Auto;    // force a SIMD path (tests); Auto = detect (or $MOEKIT_CPU_ISA)
+  // AVX-512 only: compute the first GEMM with vdpbf16ps when the CPU has AVX512-BF16 (products of
+  // two bf16 values are exact in fp32, so this only changes the summation order).
+  bool use_bf16_dot = true;
+};
+
+// The whole layer, same arguments and semantics as cpu_reference::forward: fuse Off runs the
+// shared expert as its own MLP, On as S fused slots (throws if the spec cannot fuse), Auto = On
+// when fusable. Throws on non-finite x. Experts the routing touches are materialised here (in
+// parallel) if they were not already.
+ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
+                      const FastOptions& opt = {});
+
+// Threads a forward with opt.threads = `requested` uses (0 = all cores).
+int resolve_threads(int requested);
+
+// Read bandwidth of this machine in bytes/s: `threads` threads (0 = all) each sum their slice of
+// a `bytes`-sized buffer, best of `repeats` passes after one warm pass. The buffer is first
+// touched by the threads that read it. Uses the SIMD path of resolve_isa(isa).
+double measure_read_bandwidth(size_t bytes, int threads = 0, int repeats = 5, Isa isa = Isa::Auto);
+
+}  // namespace moekit::cpu_fast

@@ -1,0 +1,143 @@
+// The MoE layer on an NVIDIA GPU (src/cuda/layer/): router GEMM -> routing + dispatch -> grouped
+// gate/up (+activation) -> grouped down (+weighted combine), bf16 activations and weights, fp32
+// accumulation, the same semantics as cpu_reference::forward.
+//
+// This header carries no CUDA headers: streams are passed as CUstream_st* (what cudaStream_t is a
+// pointer to), so host code that never includes cuda_runtime.h can still hold and drive a layer.
+// Without CUDA (src/cuda_stub/) available() says why and every other call throws.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/layer.h"
+#include "moekit/spec.h"
+#include "moekit/weights.h"
+
+struct CUstream_st;  // cudaStream_t == CUstream_st*
+
+namespace moekit::cuda {
+
+// Whether a usable GPU is present (a device of compute capability 9.x, which moekit's sm_90a
+// binary runs on). When not, *why says which check failed.
+bool available(std::string* why = nullptr);
+
+struct GpuLayerOptions {
+  // Largest token count forward()/forward_device() accept; the workspace is sized for it once.
+  int max_tokens = 256;
+  // Default fusion of forward_device(x, y, T, stream); auto = fused whenever the spec can fuse
+  // (the rule the benchmark backs: fusion adds no launch and no re-read in this design).
+  FuseShared fuse = FuseShared::Auto;
+  int device = 0;
+};
+
+// Launch counts of one forward, as a CUDA graph of it holds them (kernels + memsets).
+struct LaunchCount {
+  int kernels = 0;
+  int other_nodes = 0;
+};
+
+class GpuMoeLayer {
+ public:
+  // Uploads the layer (router, biases, all E routed experts, the fused shared slots when the spec
+  // can fuse, and the unfused shared MLP). Materialises every expert of w on the host.
+  static std::unique_ptr<GpuMoeLayer> create(const LayerWeights& w, const GpuLayerOptions& opt);
+  // Builds make_random_weights(spec, layer, seed) directly on the GPU, bit-identical to the host
+  // generator, without host memory for the experts (a DeepSeek-V3 layer is 22.6 GB).
+  static std::unique_ptr<GpuMoeLayer> create_random(const MoeSpec& spec, int layer, uint64_t seed,
+                                                    const GpuLayerOptions& opt);
+  ~GpuMoeLayer();
+  GpuMoeLayer(const GpuMoeLayer&) = delete;
+  GpuMoeLayer& operator=(const GpuMoeLayer&) = delete;
+
+  const MoeSpec& spec() const;
+  int layer() const;
+  int max_tokens() const;
+  // Device bytes held by weights and by the workspace.
+  size_t weight_bytes() const;
+  size_t workspace_bytes() const;
+  // What `fuse` means for this spec and token count (Auto resolved; On throws if not fusable).
+  bool resolve_fused(FuseShared fuse, int tokens) const;
+
+  // Host in, host out (tests, `moekit run`): checks x is finite, copies it in, poisons the device
+  // output with NaN, runs forward_device and copies y [T,H] (bf16 -> float) and the routing back.
+  ForwardResult forward(const Bf16* x, int tokens, FuseShared fuse);
+
+  // Device in, device out: x, y bf16 [tokens, H] on this layer's device. No host synchronisation
+  // and no allocation: capturable in a CUDA graph. tokens <= max_tokens (throws otherwise).
+  void forward_device(const void* x, void* y, int tokens, FuseShared fuse, CUstream_st* stream);
+  void forward_device(const void* x, void* y, int tokens, CUstream_st* stream);
+
+  // Captures one forward in a CUDA graph and counts its nodes (the benchmark's "launches").
+  LaunchCount count_launches(int tokens, bool fused);
+
+  // The router logits [tokens, router_columns] of the last forward (tests: route them on the CPU
+  // and compare the ids exactly).
+  std::vector<float> last_logits(int tokens) const;
+
+  struct Impl;
+
+ private:
+  explicit GpuMoeLayer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The GPU routing + dispatch kernel alone on host logits (tests): the same launch a forward uses,
+// with `chunk` tokens per task. `dispatch`, when given, receives the lists it built.
+struct GpuDispatch {
+  std::vector<int> pair_list;   // [tokens * slots], grouped by expert
+  std::vector<int> task_expert, task_begin, task_count;
+  int num_tasks = 0;
+  int num_shared_tasks = 0;
+  bool id_out_of_range = false;
+};
+Routing route_on_device(const RoutingConfig& cfg, const float* logits, int tokens,
+                        const float* correction_bias, int chunk = 8,
+                        GpuDispatch* dispatch = nullptr);
+
+// One forward of `w` on the GPU (`moekit run --device cuda`): uploads the layer with max_tokens =
+// tokens, runs GpuMoeLayer::forward once. Uploading materialises every expert of w on the host.
+ForwardResult forward_once(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse);
+
+// ---- benchmark (src/cuda/bench/) ----
+
+struct GpuBenchOptions {
+  std::string model;                 // short name or path (load_spec)
+  std::vector<int> batches{1, 32, 128};
+  FuseShared fuse = FuseShared::Auto;  // Auto: time fused and unfused side by side
+  uint64_t seed = 0;
+  int iterations = 0;                // graph replays per measurement; 0 = automatic
+  int max_layer_sets = 0;            // distinct weight sets to rotate among; 0 = as many as fit
+  int device = 0;
+};
+
+struct GpuBenchRecord {
+  std::string model;
+  std::string device;              // GPU name
+  int batch = 0;
+  std::string fuse_shared;         // "on" | "off" (what was timed)
+  bool auto_choice = false;        // whether fuse=auto picks this mode at this batch
+  double us_per_layer = 0;         // median, CUDA-graph replay, weights not L2-resident
+  double step_us = 0;              // decode step: every MoE layer of the model
+  double tokens_per_s = 0;         // batch / step time
+  double floor_us = 0;             // touched bytes / measured read bandwidth
+  double bw_fraction = 0;          // floor_us / us_per_layer
+  double touched_bytes = 0;        // distinct experts touched + shared + router + activations
+  double read_bw_gbs = 0;          // measured in the same run
+  int launches = 0;                // kernel nodes per layer forward
+  double fused_over_unfused = 0;   // us_per_layer(on) / us_per_layer(off); 0 when not fusable
+  int layer_sets = 0;              // distinct weight sets rotated among
+  int moe_layers = 0;
+};
+
+// Measures read bandwidth (16-byte loads over >= 2 GB), then for each batch times one layer and a
+// decode step, fused and unfused, in the same run. Prints progress to stderr when verbose.
+std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose = false);
+
+// The read kernel alone: GB/s (1e9 B/s) of a 16-byte-load read over `bytes`, median of replays.
+double measure_read_bandwidth(size_t bytes, int device = 0);
+
+}  // namespace moekit::cuda

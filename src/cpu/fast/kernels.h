@@ -1,0 +1,46 @@
+// The per-ISA inner loops of the fast CPU backend, as a table of function pointers filled by
+// kernels_avx512.cpp, kernels_avx2.cpp (compiled with those -m flags) and kernels_portable.cpp.
+// The layer (fast_layer.cpp) only calls through this table after checking the CPU's features, so
+// no AVX instruction runs on a CPU without it.
+//
+// All GEMMs here are "many rows of weights against a few activation vectors": the weights are the
+// large, streamed operand (each row read once per call), the activations stay in cache. Every
+// kernel sums each output element in an order that depends only on k (lanes, then a fixed
+// reduction), never on how rows or tokens are blocked, so results do not depend on threading.
+#pragma once
+
+#include <cstddef>
+
+#include "moekit/dtype.h"
+
+namespace moekit::cpu_fast::detail {
+
+struct Kernels {
+  const char* name = "";
+
+  // out[j * ldo + r] = sum_{c < k} w[r * ldw + c] * x[j][c]   for r < rows, j < n.
+  // bf16 weights, fp32 activations, fp32 accumulation. Used for both expert GEMMs.
+  void (*dot_rows_f32)(const Bf16* w, size_t ldw, int rows, int k, const float* const* x, int n,
+                       float* out, size_t ldo) = nullptr;
+
+  // Same with bf16 activations: products are exact, accumulation fp32 (AVX512-BF16 vdpbf16ps).
+  // Null where the ISA has no bf16 dot product.
+  void (*dot_rows_bf16)(const Bf16* w, size_t ldw, int rows, int k, const Bf16* const* x, int n,
+                        float* out, size_t ldo) = nullptr;
+
+  // Router GEMM, double accumulation like the reference: out[j * ldo + r] = sum_c w[r][c] * x[j][c]
+  // with w bf16 (w_f32 false) or fp32 rows of stride ldw elements, x as doubles.
+  void (*router_dot)(const void* w, bool w_f32, size_t ldw, int rows, int k,
+                     const double* const* x, int n, double* out, size_t ldo) = nullptr;
+
+  // Sum of count floats (the read-bandwidth probe; the result only defeats dead-code removal).
+  float (*read_sum)(const float* p, size_t count) = nullptr;
+};
+
+const Kernels& portable_kernels();
+// These two may only be called on a CPU that has the instructions (they are plain tables, but
+// using them elsewhere faults).
+const Kernels& avx2_kernels();
+const Kernels& avx512_kernels();
+
+}  // namespace moekit::cpu_fast::detail

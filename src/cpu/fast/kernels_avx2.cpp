@@ -1,0 +1,151 @@
+// AVX2 + FMA inner loops of the fast CPU backend (compiled with -mavx2 -mfma -mf16c; called only
+// when the CPU reports both).
+//
+// bf16 -> fp32 is a zero-extension and a 16-bit shift (bf16 is the top half of an fp32), done in
+// registers right after the load, so weights cross the memory bus as bf16 (the byte count the
+// bandwidth bound counts) and are multiplied in fp32. Rows are streamed one at a time, in address
+// order; each loaded weight vector serves up to 4 tokens. Tails (k not a multiple of 16) are
+// summed in scalar after the lane reduction, so every output element's summation order depends
+// only on k.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "cpu/fast/kernels.h"
+
+namespace moekit::cpu_fast::detail {
+namespace {
+
+inline __m256 load_bf16x8(const Bf16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline float bf16_scalar(Bf16 v) {
+  const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline float hsum(__m256 v) {
+  const __m128 lo = _mm256_castps256_ps128(v);
+  const __m128 hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline double hsum_pd(__m256d v) {
+  const __m128d lo = _mm256_castpd256_pd128(v);
+  const __m128d hi = _mm256_extractf128_pd(v, 1);
+  const __m128d s = _mm_add_pd(lo, hi);
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+// One weight row against J tokens, two accumulators per token (even/odd 8-element steps).
+template <int J>
+void dot_row_f32(const Bf16* w, int k, const float* const* x, float* out, size_t ldo) {
+  __m256 a0[J], a1[J];
+  for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+  const int k_main = k & ~15;
+  for (int c = 0; c < k_main; c += 16) {
+    const __m256 w0 = load_bf16x8(w + c);
+    const __m256 w1 = load_bf16x8(w + c + 8);
+    for (int j = 0; j < J; ++j) {
+      a0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[j] + c), a0[j]);
+      a1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[j] + c + 8), a1[j]);
+    }
+  }
+  for (int j = 0; j < J; ++j) {
+    float s = hsum(_mm256_add_ps(a0[j], a1[j]));
+    for (int c = k_main; c < k; ++c) s += bf16_scalar(w[c]) * x[j][c];
+    out[j * ldo] = s;
+  }
+}
+
+// Rows one at a time in address order (one sequential stream for the prefetchers), tokens in
+// blocks of up to 4 (8 accumulators + 2 weight vectors + 1 activation fit the 16 ymm registers).
+void dot_rows_f32(const Bf16* w, size_t ldw, int rows, int k, const float* const* x, int n,
+                  float* out, size_t ldo) {
+  for (int r = 0; r < rows; ++r) {
+    const Bf16* wr = w + r * ldw;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) dot_row_f32<4>(wr, k, x + j, out + j * ldo + r, ldo);
+    switch (n - j) {
+      case 3: dot_row_f32<3>(wr, k, x + j, out + j * ldo + r, ldo); break;
+      case 2: dot_row_f32<2>(wr, k, x + j, out + j * ldo + r, ldo); break;
+      case 1: dot_row_f32<1>(wr, k, x + j, out + j * ldo + r, ldo); break;
+      default: break;
+    }
+  }
+}
+
+// One router row against one double vector, 2 x 4 double lanes.
+template <bool kF32>
+double router_row(const void* wp, int k, const double* x) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+  const int k_main = k & ~7;
+  for (int c = 0; c < k_main; c += 8) {
+    __m256 wf;
+    if constexpr (kF32) {
+      wf = _mm256_loadu_ps(static_cast<const float*>(wp) + c);
+    } else {
+      wf = load_bf16x8(static_cast<const Bf16*>(wp) + c);
+    }
+    a0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(wf)), _mm256_loadu_pd(x + c), a0);
+    a1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(wf, 1)),
+                         _mm256_loadu_pd(x + c + 4), a1);
+  }
+  double s = hsum_pd(_mm256_add_pd(a0, a1));
+  for (int c = k_main; c < k; ++c) {
+    const double wv = kF32 ? static_cast<const float*>(wp)[c]
+                           : bf16_scalar(static_cast<const Bf16*>(wp)[c]);
+    s += wv * x[c];
+  }
+  return s;
+}
+
+void router_dot(const void* w, bool w_f32, size_t ldw, int rows, int k, const double* const* x,
+                int n, double* out, size_t ldo) {
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < n; ++j) {
+      out[j * ldo + r] =
+          w_f32 ? router_row<true>(static_cast<const float*>(w) + r * ldw, k, x[j])
+                : router_row<false>(static_cast<const Bf16*>(w) + r * ldw, k, x[j]);
+    }
+  }
+}
+
+float read_sum(const float* p, size_t count) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  const size_t main = count & ~size_t{31};
+  for (size_t i = 0; i < main; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(p + i + 24));
+  }
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (size_t i = main; i < count; ++i) s += p[i];
+  return s;
+}
+
+}  // namespace
+
+const Kernels& avx2_kernels() {
+  static const Kernels k = [] {
+    Kernels t;
+    t.name = "avx2";
+    t.dot_rows_f32 = dot_rows_f32;
+    t.dot_rows_bf16 = nullptr;
+    t.router_dot = router_dot;
+    t.read_sum = read_sum;
+    return t;
+  }();
+  return k;
+}
+
+}  // namespace moekit::cpu_fast::detail

@@ -1,0 +1,286 @@
+// CPU reference MoE layer: router GEMM -> routing -> experts -> combine, the oracle every other
+// backend is compared with. Written for exactness and clarity, not speed:
+//
+//   logits[T, C]  = x[T,H] . Wg[C,H]^T (+ router bias, gpt-oss)   double accumulate, fp32 out
+//                   C = E, or E+1 with a gated shared expert (row E = the shared gate row)
+//   routing       = cpu_reference::route (routing_reference.cpp)
+//   E_e(x)[H]     = W2_e[H,I] . act(W1_e x + b1, W3_e x + b3) + b2      all in double
+//   y[t]          = sum_slots w * E_id(x_t)  (+ shared_scale[t] * shared(x_t) when unfused)
+//
+// Every expert, routed or fused shared slot, goes through one function (mlp_forward) that is
+// given the gate rows, the up rows and the down columns, so the unfused shared MLP and its fused
+// slots run the same arithmetic; fused and unfused differ only in summation order (1e-12 rel).
+//
+// Inputs are the bf16 values the GPU sees; weights are read exactly (bf16 or fp32) and nothing in
+// between is rounded to bf16. Accumulation is in double, the combine is in double, and y is
+// rounded to fp32 once at the end. The router bias is added here, in the router "epilogue", so
+// route() always receives the logits the selection works on.
+//
+// Tokens are independent, so forward() splits them across threads; each token's arithmetic is
+// the same sequence whatever the thread count, so results do not depend on it.
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <thread>
+#include <vector>
+
+#include "moekit/error.h"
+#include "moekit/layer.h"
+
+namespace moekit {
+
+void check_finite_input(const Bf16* x, int tokens, int hidden) {
+  MK_CHECK(tokens >= 0 && hidden > 0,
+           "expected tokens >= 0 and hidden > 0, got tokens " << tokens << ", hidden " << hidden);
+  MK_CHECK(tokens == 0 || x != nullptr, "input x is null for " << tokens << " tokens");
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < hidden; ++h) {
+      const float v = bf16_to_float(x[static_cast<size_t>(t) * hidden + h]);
+      MK_CHECK(std::isfinite(v), "non-finite input at token " << t << ", column " << h << ": " << v
+                                                              << " (expected finite x)");
+    }
+  }
+}
+
+namespace cpu_reference {
+namespace {
+
+// Runs fn(i) for i in [0, n) on up to hardware_concurrency threads; rethrows the first error.
+template <typename Fn>
+void parallel_for(int n, Fn fn) {
+  const int threads =
+      std::max(1, std::min<int>(n, static_cast<int>(std::thread::hardware_concurrency())));
+  if (threads <= 1) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads; ++w) {
+    pool.emplace_back([&, w] {
+      try {
+        for (int i = w; i < n; i += threads) fn(i);
+      } catch (...) {
+        errors[w] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+double dot_bf16(const Bf16* w, const double* x, int n) {
+  double acc = 0.0;
+  for (int i = 0; i < n; ++i) acc += static_cast<double>(bf16_to_float(w[i])) * x[i];
+  return acc;
+}
+
+// The gated nonlinearity on one intermediate element, per spec.activation (DESIGN.md §1).
+double activate(const MoeSpec& spec, double g, double u) {
+  const double limit = spec.swiglu_limit;
+  if (limit > 0.0) {
+    // The gate is clamped from above only, the up projection on both sides (gpt-oss, MiniMax-M3
+    // swigluoai, DeepSeek-V4 silu with swiglu_limit).
+    g = std::min(g, limit);
+    u = std::clamp(u, -limit, limit);
+  }
+  switch (spec.activation) {
+    case Activation::Silu:
+      return g / (1.0 + std::exp(-g)) * u;
+    case Activation::SwigluOai:
+    case Activation::SwigluOaiInterleaved: {
+      // Same math for both: the loader de-interleaves gpt-oss's gate/up columns into moekit's
+      // split layout.
+      const double alpha = spec.swiglu_alpha;
+      const double glu = g / (1.0 + std::exp(-alpha * g));
+      return (u + static_cast<double>(spec.swiglu_beta)) * glu;
+    }
+  }
+  MK_FAIL("unknown activation " << static_cast<int>(spec.activation));
+}
+
+// One gated MLP of `width` intermediate elements on one token; writes
+// out[H] = W2[:, 0:width] . act(gate . x + b_gate, up . x + b_up) + b2.
+//   gate, up: [width, H] rows (row stride H); down: [H, *] with row stride down_stride.
+struct MlpView {
+  const Bf16* gate = nullptr;
+  const Bf16* up = nullptr;
+  const Bf16* down = nullptr;
+  int down_stride = 0;
+  int width = 0;
+  const float* b_gate = nullptr;  // [width] or null
+  const float* b_up = nullptr;    // [width] or null
+  const float* b_down = nullptr;  // [H] or null
+};
+
+void mlp_forward(const MoeSpec& spec, const MlpView& m, const double* x, double* out) {
+  const int hidden = spec.hidden;
+  std::vector<double> act(m.width);
+  for (int i = 0; i < m.width; ++i) {
+    double g = dot_bf16(m.gate + static_cast<size_t>(i) * hidden, x, hidden);
+    double u = dot_bf16(m.up + static_cast<size_t>(i) * hidden, x, hidden);
+    if (m.b_gate) g += m.b_gate[i];
+    if (m.b_up) u += m.b_up[i];
+    act[i] = activate(spec, g, u);
+  }
+  for (int h = 0; h < hidden; ++h) {
+    double acc = dot_bf16(m.down + static_cast<size_t>(h) * m.down_stride, act.data(), m.width);
+    if (m.b_down) acc += m.b_down[h];
+    out[h] = acc;
+  }
+}
+
+MlpView expert_view(const MoeSpec& spec, const ExpertView& ex) {
+  const int inter = spec.expert_intermediate;
+  MK_CHECK(ex.w13 != nullptr && ex.w2 != nullptr,
+           "expert weights are null (w13 " << ex.w13 << ", w2 " << ex.w2 << ")");
+  MlpView m;
+  m.gate = ex.w13;
+  m.up = ex.w13 + static_cast<size_t>(inter) * spec.hidden;
+  m.down = ex.w2;
+  m.down_stride = inter;
+  m.width = inter;
+  if (ex.b13) {
+    m.b_gate = ex.b13;
+    m.b_up = ex.b13 + inter;
+  }
+  m.b_down = ex.b2;
+  return m;
+}
+
+MlpView shared_view(const LayerWeights& w) {
+  const MoeSpec& spec = w.spec();
+  const int width = spec.shared_intermediate;
+  MK_CHECK(spec.shared_kind != SharedKind::None && width > 0,
+           spec.name << " has no shared expert (shared_intermediate " << width << ")");
+  MK_CHECK(w.shared_w13() != nullptr && w.shared_w2() != nullptr,
+           "shared expert weights of " << spec.name << " are missing");
+  MlpView m;
+  m.gate = w.shared_w13();
+  m.up = w.shared_w13() + static_cast<size_t>(width) * spec.hidden;
+  m.down = w.shared_w2();
+  m.down_stride = width;
+  m.width = width;
+  return m;
+}
+
+std::vector<double> to_double(const Bf16* x, int n) {
+  std::vector<double> v(n);
+  for (int i = 0; i < n; ++i) v[i] = bf16_to_float(x[i]);
+  return v;
+}
+
+}  // namespace
+
+std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int tokens) {
+  const MoeSpec& spec = w.spec();
+  const int hidden = spec.hidden;
+  const int cols = spec.router_columns();
+  const DType dt = w.router_dtype();
+  MK_CHECK(dt == DType::BF16 || dt == DType::F32,
+           "expected router dtype BF16 or F32, got " << dtype_name(dt));
+  MK_CHECK(w.router_weight() != nullptr, "router weight of " << spec.name << " is missing");
+  MK_CHECK(!spec.has_router_bias || w.router_bias() != nullptr,
+           spec.name << " has a router bias but the weights hold none");
+  MK_CHECK(tokens >= 0, "expected tokens >= 0, got " << tokens);
+
+  std::vector<float> logits(static_cast<size_t>(tokens) * cols);
+  parallel_for(tokens, [&](int t) {
+    const std::vector<double> xt = to_double(x + static_cast<size_t>(t) * hidden, hidden);
+    for (int c = 0; c < cols; ++c) {
+      const size_t row = static_cast<size_t>(c) * hidden;
+      double acc = 0.0;
+      if (dt == DType::F32) {
+        const float* wg = static_cast<const float*>(w.router_weight()) + row;
+        for (int h = 0; h < hidden; ++h) acc += static_cast<double>(wg[h]) * xt[h];
+      } else {
+        acc = dot_bf16(static_cast<const Bf16*>(w.router_weight()) + row, xt.data(), hidden);
+      }
+      // gpt-oss router bias on the routed columns (never on a gated shared expert's gate column)
+      if (spec.has_router_bias && c < spec.num_experts) acc += w.router_bias()[c];
+      logits[static_cast<size_t>(t) * cols + c] = static_cast<float>(acc);
+    }
+  });
+  return logits;
+}
+
+void expert_forward(const MoeSpec& spec, const ExpertView& ex, const Bf16* x, float* out) {
+  const std::vector<double> xd = to_double(x, spec.hidden);
+  std::vector<double> yd(spec.hidden);
+  mlp_forward(spec, expert_view(spec, ex), xd.data(), yd.data());
+  for (int h = 0; h < spec.hidden; ++h) out[h] = static_cast<float>(yd[h]);
+}
+
+void shared_forward(const LayerWeights& w, const Bf16* x, float* out) {
+  const MoeSpec& spec = w.spec();
+  const std::vector<double> xd = to_double(x, spec.hidden);
+  std::vector<double> yd(spec.hidden);
+  mlp_forward(spec, shared_view(w), xd.data(), yd.data());
+  for (int h = 0; h < spec.hidden; ++h) out[h] = static_cast<float>(yd[h]);
+}
+
+ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse) {
+  const MoeSpec& spec = w.spec();
+  const int hidden = spec.hidden;
+  check_finite_input(x, tokens, hidden);
+
+  // fuse: On must be possible (from_spec throws naming the widths), Auto fuses when it can.
+  const bool fused = fuse == FuseShared::On || (fuse == FuseShared::Auto && spec.can_fuse_shared());
+
+  ForwardResult result;
+  result.tokens = tokens;
+  result.hidden = hidden;
+  result.fused = fused;
+  const RoutingConfig cfg = RoutingConfig::from_spec(spec, fused);
+  const std::vector<float> logits = router_logits(w, x, tokens);
+  result.routing = route(cfg, logits.data(), tokens, w.correction_bias());
+  const Routing& r = result.routing;
+
+  // Look every used expert up once, here on the calling thread: materialisation (and any error it
+  // raises) happens before the parallel part, which then only reads.
+  const int rows = spec.weight_rows(fused);
+  std::vector<bool> used(rows, false);
+  for (int32_t id : r.ids) {
+    MK_CHECK(id >= 0 && id < rows,
+             "routing picked expert " << id << ", expected [0, " << rows << ")");
+    used[id] = true;
+  }
+  std::vector<MlpView> views(rows);
+  for (int e = 0; e < rows; ++e) {
+    if (!used[e]) continue;
+    const ExpertView ex = w.expert(e);
+    if (spec.has_expert_bias && e < spec.num_experts) {
+      MK_CHECK(ex.b13 != nullptr && ex.b2 != nullptr,
+               spec.name << " has expert biases but expert " << e << " holds none");
+    }
+    views[e] = expert_view(spec, ex);
+  }
+  const bool add_shared = !fused && spec.shared_kind != SharedKind::None;
+  const MlpView shared = add_shared ? shared_view(w) : MlpView{};
+
+  result.y.assign(static_cast<size_t>(tokens) * hidden, 0.0f);
+  parallel_for(tokens, [&](int t) {
+    const std::vector<double> xt = to_double(x + static_cast<size_t>(t) * hidden, hidden);
+    std::vector<double> acc(hidden, 0.0), out(hidden);
+    for (int s = 0; s < r.slots; ++s) {
+      const size_t slot = static_cast<size_t>(t) * r.slots + s;
+      mlp_forward(spec, views[r.ids[slot]], xt.data(), out.data());
+      // The weight multiplies the whole expert output, down bias included (gpt-oss).
+      const double weight = r.weights[slot];
+      for (int h = 0; h < hidden; ++h) acc[h] += weight * out[h];
+    }
+    if (add_shared) {
+      mlp_forward(spec, shared, xt.data(), out.data());
+      const double scale = r.shared_scale[t];
+      for (int h = 0; h < hidden; ++h) acc[h] += scale * out[h];
+    }
+    float* yt = result.y.data() + static_cast<size_t>(t) * hidden;
+    for (int h = 0; h < hidden; ++h) yt[h] = static_cast<float>(acc[h]);
+  });
+  return result;
+}
+
+}  // namespace cpu_reference
+}  // namespace moekit

@@ -1,0 +1,128 @@
+// Dispatch ("align") on the GPU: per-expert lists of (token, slot) pairs and the task list the
+// expert kernels walk, built by ONE thread block with no host synchronisation.
+//
+// Input: ids [T, slots] (routed ids, then the fused shared ids E..E+S-1). The experts are counted
+// over the WEIGHT ROWS (E + S), never over the routed E alone: counting only E is the classic
+// bug where shared ids fall out of range and silently corrupt the output. An id outside
+// [0, E+S) sets *error_flag (the host checks it in forward()) and is dropped.
+//
+//   counts[e]   shared-memory atomics over all T*slots pairs
+//   scan        block-wide exclusive scan of (count, ceil(count/chunk)) -> list offsets, task ids
+//   tasks       expert e's pairs become ceil(n_e/chunk) tasks {e, begin, count <= chunk}, in
+//               expert order; counters->num_tasks = their number
+//   pair_list   pair q = t*slots + s placed in its expert's segment (order inside a segment is
+//               free: each token is its own GEMM column, so results do not depend on it)
+//   unfused     shared_tasks = ceil(T/chunk) chunks of tokens 0..T-1 for the shared MLP
+//   counters    work-item counters and combine tile counters zeroed for the kernels that follow
+//
+// Runs in the routing kernel's last CTA (routing_kernel.cuh), so tiny batches pay no extra launch
+// and no sort: at T=1 it is nine pairs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/routing/routing.h"
+
+namespace moekit::cuda::align_detail {
+
+constexpr int kAlignMaxWarps = 32;
+
+// Exclusive block scan of two ints; every thread gets its prefix and the totals.
+__device__ __forceinline__ void block_exclusive_scan2(int a, int b, int& pa, int& pb, int& ta,
+                                                      int& tb) {
+  __shared__ int warp_a[kAlignMaxWarps], warp_b[kAlignMaxWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  int ia = a, ib = b;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int ua = __shfl_up_sync(0xffffffffu, ia, off);
+    const int ub = __shfl_up_sync(0xffffffffu, ib, off);
+    if (lane >= off) {
+      ia += ua;
+      ib += ub;
+    }
+  }
+  if (lane == 31) {
+    warp_a[warp] = ia;
+    warp_b[warp] = ib;
+  }
+  __syncthreads();
+  int base_a = 0, base_b = 0, all_a = 0, all_b = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    if (w < warp) {
+      base_a += warp_a[w];
+      base_b += warp_b[w];
+    }
+    all_a += warp_a[w];
+    all_b += warp_b[w];
+  }
+  pa = base_a + ia - a;
+  pb = base_b + ib - b;
+  ta = all_a;
+  tb = all_b;
+  __syncthreads();
+}
+
+__device__ __forceinline__ void align_block(const RoutingParams& p) {
+  __shared__ int counts[kAlignMaxRows];
+  __shared__ int cursor[kAlignMaxRows];
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int rows = p.weight_rows;
+  const int slots = p.cfg.top_k + p.cfg.shared_slots;
+  const int pairs = p.tokens * slots;
+  const int chunk = p.chunk;
+
+  for (int e = tid; e < rows; e += nthreads) counts[e] = 0;
+  __syncthreads();
+  for (int q = tid; q < pairs; q += nthreads) {
+    const int e = __ldcg(p.ids + q);
+    if (e >= 0 && e < rows) {
+      atomicAdd(&counts[e], 1);
+    } else {
+      atomicExch(p.error_flag, 1);
+    }
+  }
+  __syncthreads();
+
+  // scan over contiguous runs of experts per thread
+  const int per = (rows + nthreads - 1) / nthreads;
+  const int e0 = min(tid * per, rows), e1 = min(e0 + per, rows);
+  int my_pairs = 0, my_tasks = 0;
+  for (int e = e0; e < e1; ++e) {
+    my_pairs += counts[e];
+    my_tasks += (counts[e] + chunk - 1) / chunk;
+  }
+  int pair_base, task_base, total_pairs, total_tasks;
+  block_exclusive_scan2(my_pairs, my_tasks, pair_base, task_base, total_pairs, total_tasks);
+  for (int e = e0; e < e1; ++e) {
+    const int n = counts[e];
+    cursor[e] = pair_base;
+    for (int c = 0; c * chunk < n; ++c) {
+      p.tasks[task_base++] = ExpertTask{e, pair_base + c * chunk, min(chunk, n - c * chunk), 0};
+    }
+    pair_base += n;
+  }
+  __syncthreads();
+
+  for (int q = tid; q < pairs; q += nthreads) {
+    const int e = __ldcg(p.ids + q);
+    if (e >= 0 && e < rows) p.pair_list[atomicAdd(&cursor[e], 1)] = q;
+  }
+
+  const int shared_chunks = (p.tokens + chunk - 1) / chunk;
+  if (p.shared_tasks != nullptr) {
+    for (int c = tid; c < shared_chunks; c += nthreads) {
+      p.shared_tasks[c] = ExpertTask{0, c * chunk, min(chunk, p.tokens - c * chunk), 0};
+    }
+  }
+  for (int i = tid; i < p.num_tile_counters; i += nthreads) p.tile_counters[i] = 0;
+  if (tid == 0) {
+    p.counters->num_tasks = total_tasks;
+    p.counters->num_shared_tasks = p.shared_tasks != nullptr ? shared_chunks : 0;
+    p.counters->routing_done = 0;
+    for (int i = 0; i < 4; ++i) p.counters->work[i] = 0;
+  }
+}
+
+}  // namespace moekit::cuda::align_detail

@@ -1,0 +1,285 @@
+// The GPU layer benchmark (cuda_layer.h bench_layer): what a serving engineer reads.
+//
+// In one run, on one GPU:
+//   1. read bandwidth   a 16-byte-load read kernel over >= 2 GB, CUDA-graph replay, median
+//   2. weight sets      as many distinct random layers (create_random, on the device) as fit,
+//                       up to the model's MoE layer count: rotating among them means no forward
+//                       finds its experts in L2 (each set is far larger than the 60 MB L2)
+//   3. per batch, per fusion mode (fused and unfused side by side):
+//        us_per_layer   one graph of N forwards (set 0..N-1), replayed; median / N
+//        step_us        one graph of every MoE layer of the model (layer l on set l % N): a
+//                       decode step's MoE time; tokens/s = batch / step
+//        floor_us       (distinct touched experts + shared MLP + router + x + y bytes) / bandwidth,
+//                       the touched experts counted from each set's actual routing of the input
+//        launches       kernel nodes of a captured forward
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <vector>
+
+#include "common/random_values.h"
+#include "cuda/cuda_check.h"
+#include "cuda/layer/random_fill.h"
+#include "moekit/cuda_layer.h"
+#include "moekit/error.h"
+
+namespace moekit::cuda {
+namespace {
+
+constexpr int kReadThreads = 512;
+constexpr int kReadUnroll = 4;
+
+// Reads n16 16-byte words; the XOR of what it read is stored only if it equals a value no data
+// produces, so the loads cannot be removed.
+__global__ void __launch_bounds__(kReadThreads) read_kernel(const uint4* __restrict__ data,
+                                                            size_t n16, uint32_t* sink) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  uint32_t acc = 0;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  for (; i + (kReadUnroll - 1) * stride < n16; i += kReadUnroll * stride) {
+    uint4 v[kReadUnroll];
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) v[u] = __ldcs(data + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = __ldcs(data + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { MK_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { MK_CUDA_WARN(cudaStreamDestroy(s)); }
+};
+
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec) MK_CUDA_WARN(cudaGraphExecDestroy(exec));
+    if (graph) MK_CUDA_WARN(cudaGraphDestroy(graph));
+  }
+};
+
+struct Events {
+  cudaEvent_t a = nullptr, b = nullptr;
+  Events() {
+    MK_CUDA_CHECK(cudaEventCreate(&a));
+    MK_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Events() {
+    MK_CUDA_WARN(cudaEventDestroy(a));
+    MK_CUDA_WARN(cudaEventDestroy(b));
+  }
+};
+
+template <typename Fn>
+void capture(Graph& g, cudaStream_t stream, Fn body) {
+  MK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    body();
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    (void)cudaStreamEndCapture(stream, &broken);
+    if (broken) (void)cudaGraphDestroy(broken);
+    throw;
+  }
+  MK_CUDA_CHECK(cudaStreamEndCapture(stream, &g.graph));
+  MK_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+}
+
+// Median microseconds of `reps` replays (after `warm` untimed ones).
+double time_graph(const Graph& g, cudaStream_t stream, int reps, int warm) {
+  Events ev;
+  for (int i = 0; i < warm; ++i) MK_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  std::vector<float> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    MK_CUDA_CHECK(cudaEventRecord(ev.a, stream));
+    MK_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+    MK_CUDA_CHECK(cudaEventRecord(ev.b, stream));
+    MK_CUDA_CHECK(cudaEventSynchronize(ev.b));
+    MK_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev.a, ev.b));
+  }
+  std::sort(ms.begin(), ms.end());
+  return 1e3 * ms[reps / 2];
+}
+
+}  // namespace
+
+double measure_read_bandwidth(size_t bytes, int device) {
+  MK_CUDA_CHECK(cudaSetDevice(device));
+  bytes = bytes / 16 * 16;
+  MK_CHECK(bytes >= 16, "read bandwidth buffer too small: " << bytes << " bytes");
+  void* buf = nullptr;
+  uint32_t* sink = nullptr;
+  MK_CUDA_CHECK(cudaMalloc(&buf, bytes));
+  try {
+    MK_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint32_t)));
+    // why not zeros: never time on zeros (METHOD.md); any non-zero pattern will do
+    MK_CUDA_CHECK(cudaMemset(buf, 0x5a, bytes));
+    int sms = 0;
+    MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    Stream stream;
+    Graph g;
+    capture(g, stream.s, [&] {
+      read_kernel<<<sms * 4, kReadThreads, 0, stream.s>>>(static_cast<const uint4*>(buf),
+                                                          bytes / 16, sink);
+      MK_CUDA_CHECK_LAUNCH();
+    });
+    const double us = time_graph(g, stream.s, 21, 3);
+    MK_CUDA_CHECK(cudaFree(buf));
+    MK_CUDA_CHECK(cudaFree(sink));
+    return static_cast<double>(bytes) / (us * 1e3);
+  } catch (...) {
+    (void)cudaFree(buf);
+    if (sink) (void)cudaFree(sink);
+    throw;
+  }
+}
+
+std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose) {
+  const MoeSpec spec = load_spec(opt.model);
+  MK_CHECK(!opt.batches.empty(), "bench_layer: no batch sizes given");
+  const int max_batch = *std::max_element(opt.batches.begin(), opt.batches.end());
+  MK_CHECK(opt.batches.front() >= 1, "bench_layer: batches must be >= 1");
+  std::string why;
+  MK_CHECK(available(&why), "bench_layer: no usable GPU: " << why);
+  MK_CUDA_CHECK(cudaSetDevice(opt.device));
+  cudaDeviceProp prop{};
+  MK_CUDA_CHECK(cudaGetDeviceProperties(&prop, opt.device));
+
+  // 1. read bandwidth over >= 2 GB (4 GB when memory allows)
+  size_t free_b = 0, total_b = 0;
+  MK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t read_bytes = std::min<size_t>(size_t{4} << 30, free_b / 4);
+  MK_CHECK(read_bytes >= (size_t{2} << 30),
+           "bench_layer: needs 8 GB free for the bandwidth probe, " << free_b << " bytes free");
+  const double bw_gbs = measure_read_bandwidth(read_bytes, opt.device);
+  if (verbose) std::fprintf(stderr, "read bandwidth: %.1f GB/s over %zu MB\n", bw_gbs, read_bytes >> 20);
+
+  // 2. distinct weight sets
+  GpuLayerOptions lo;
+  lo.max_tokens = max_batch;
+  lo.device = opt.device;
+  lo.fuse = FuseShared::Auto;
+  const int moe_layers = static_cast<int>(spec.moe_layers.size());
+  std::vector<std::unique_ptr<GpuMoeLayer>> sets;
+  sets.push_back(GpuMoeLayer::create_random(spec, spec.moe_layers[0], opt.seed, lo));
+  const size_t per_set = sets[0]->weight_bytes() + sets[0]->workspace_bytes();
+  MK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t reserve = size_t{2} << 30;
+  int want = moe_layers;
+  if (opt.max_layer_sets > 0) want = std::min(want, opt.max_layer_sets);
+  while (static_cast<int>(sets.size()) < want && free_b > per_set + reserve) {
+    const int l = spec.moe_layers[sets.size()];
+    sets.push_back(GpuMoeLayer::create_random(spec, l, opt.seed, lo));
+    MK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  }
+  const int nsets = static_cast<int>(sets.size());
+  if (verbose) {
+    std::fprintf(stderr, "%s: %d weight sets of %.2f GB, %d MoE layers\n", spec.name.c_str(),
+                 nsets, per_set / 1e9, moe_layers);
+  }
+
+  // inputs: the CLI's random activations (random_values::Tensor::Input), made on the device
+  Stream stream;
+  const size_t nx = static_cast<size_t>(max_batch) * spec.hidden;
+  __nv_bfloat16 *x = nullptr, *y = nullptr;
+  MK_CUDA_CHECK(cudaMalloc(&x, nx * 2));
+  MK_CUDA_CHECK(cudaMalloc(&y, nx * 2));
+  std::vector<GpuBenchRecord> out;
+  try {
+    fill_random_bf16(x, nx, 1, opt.seed, -1, random_values::Tensor::Input, -1, 1.0f, stream.s);
+    std::vector<Bf16> x_host(nx);
+    MK_CUDA_CHECK(cudaMemcpyAsync(x_host.data(), x, nx * 2, cudaMemcpyDeviceToHost, stream.s));
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+
+    std::vector<bool> modes;
+    const bool can_fuse = spec.can_fuse_shared();
+    if (opt.fuse != FuseShared::Off && can_fuse) modes.push_back(true);
+    if (opt.fuse != FuseShared::On || !can_fuse) modes.push_back(false);
+
+    for (const int batch : opt.batches) {
+      std::vector<GpuBenchRecord> recs;
+      for (const bool fused : modes) {
+        const FuseShared mode = fused ? FuseShared::On : FuseShared::Off;
+        GpuBenchRecord r;
+        r.model = spec.name;
+        r.device = prop.name;
+        r.batch = batch;
+        r.fuse_shared = fused ? "on" : "off";
+        r.auto_choice = sets[0]->resolve_fused(FuseShared::Auto, batch) == fused;
+        r.read_bw_gbs = bw_gbs;
+        r.layer_sets = nsets;
+        r.moe_layers = moe_layers;
+        r.launches = sets[0]->count_launches(batch, fused).kernels;
+
+        // touched bytes from each set's routing of this input
+        double bytes = 0;
+        for (auto& s : sets) {
+          const ForwardResult fr = s->forward(x_host.data(), batch, mode);
+          std::set<int> routed;
+          for (const int id : fr.routing.ids) {
+            if (id < spec.num_experts) routed.insert(id);
+          }
+          bytes += static_cast<double>(routed.size()) * spec.expert_bytes();
+        }
+        bytes /= nsets;
+        if (spec.shared_kind != SharedKind::None) bytes += static_cast<double>(spec.shared_bytes());
+        bytes += static_cast<double>(spec.router_bytes());
+        bytes += 2.0 * batch * spec.hidden * 2;
+        r.touched_bytes = bytes;
+        r.floor_us = bytes / (bw_gbs * 1e3);
+
+        // one layer: a graph of one forward per set
+        Graph layer_graph;
+        capture(layer_graph, stream.s, [&] {
+          for (auto& s : sets) s->forward_device(x, y, batch, mode, stream.s);
+        });
+        const int layer_reps = opt.iterations > 0 ? opt.iterations : 30;
+        r.us_per_layer = time_graph(layer_graph, stream.s, layer_reps, 3) / nsets;
+        r.bw_fraction = r.floor_us / r.us_per_layer;
+
+        // a decode step: every MoE layer, layer l on set l % nsets
+        Graph step_graph;
+        capture(step_graph, stream.s, [&] {
+          for (int l = 0; l < moe_layers; ++l) {
+            sets[l % nsets]->forward_device(x, y, batch, mode, stream.s);
+          }
+        });
+        const double est_step = r.us_per_layer * moe_layers;
+        int step_reps = opt.iterations > 0 ? opt.iterations
+                                           : static_cast<int>(std::clamp(2e6 / est_step, 3.0, 20.0));
+        r.step_us = time_graph(step_graph, stream.s, step_reps, 1);
+        r.tokens_per_s = batch / (r.step_us * 1e-6);
+        if (verbose) {
+          std::fprintf(stderr, "  batch %d fused=%s: %.1f us/layer (floor %.1f, %.3f of bw), step %.0f us\n",
+                       batch, r.fuse_shared.c_str(), r.us_per_layer, r.floor_us, r.bw_fraction,
+                       r.step_us);
+        }
+        recs.push_back(r);
+      }
+      if (recs.size() == 2) {
+        const double ratio = recs[0].us_per_layer / recs[1].us_per_layer;  // on / off
+        recs[0].fused_over_unfused = recs[1].fused_over_unfused = ratio;
+      }
+      out.insert(out.end(), recs.begin(), recs.end());
+    }
+  } catch (...) {
+    (void)cudaFree(x);
+    (void)cudaFree(y);
+    throw;
+  }
+  MK_CUDA_CHECK(cudaFree(x));
+  MK_CUDA_CHECK(cudaFree(y));
+  return out;
+}
+
+}  // namespace moekit::cuda

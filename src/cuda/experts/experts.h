@@ -1,0 +1,59 @@
+// The grouped expert op on the GPU (experts_kernel.cuh): for every task {expert, token chunk}
+// produced by the dispatch, gate/up with the activation fused (h = act(x W1^T, x W3^T)), and down
+// with the weighted combine fused (y = sum_slots w * h W2^T). Launch code apart from the kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/routing/routing.h"
+#include "moekit/spec.h"
+
+namespace moekit::cuda {
+
+struct ExpertsParams {
+  // weights: expert e's matrix starts at w + e * w_expert_stride (elements), row-major
+  //   gate/up: [2*inter, k] (gate rows [0,inter), up rows [inter,2*inter));  down: [rows, k]
+  const __nv_bfloat16* w = nullptr;
+  long long w_expert_stride = 0;
+  const float* bias = nullptr;  // gate/up: [2*inter] per expert; down: [rows]; or null
+  long long bias_expert_stride = 0;
+  int inter = 0;  // gate/up: intermediate width I of one expert (or of the unfused shared MLP)
+  int rows = 0;   // output rows per expert: inter (gate/up) or H (down)
+  int k = 0;      // reduction length: H (gate/up) or inter (down); multiple of 64
+  // activations: row of pair q is x + (q / x_row_div) * k
+  const __nv_bfloat16* x = nullptr;
+  int x_row_div = 1;
+  // dispatch
+  const int* pair_list = nullptr;
+  const ExpertTask* tasks = nullptr;
+  const int* num_tasks = nullptr;  // device
+  int* work_counter = nullptr;     // device, zeroed by the dispatch
+  // gate/up output h [pairs, inter] bf16 and activation
+  __nv_bfloat16* h = nullptr;
+  Activation activation = Activation::Silu;
+  float limit = 0.0f, alpha = 1.702f, beta = 1.0f;
+  // down output: fp32 partial [pairs, rows] (unweighted expert output, bias included)
+  float* partial = nullptr;
+  // combine (down only; null tile_counters = no combine): y[t] = sum_s w[t,s] * partial[t*slots+s]
+  // (+ shared_scale[t] * shared_partial[t]) in slot order, bf16 out
+  int* tile_counters = nullptr;
+  int tokens = 0;
+  int slots = 0;
+  const float* slot_weights = nullptr;
+  const float* shared_partial = nullptr;
+  const float* shared_scale = nullptr;
+  __nv_bfloat16* y = nullptr;
+};
+
+// Kernel variants: token capacity per task (8 * n_tiles) picks the instantiation.
+enum class ExpertsKind { GateUp, Down };
+
+// Tokens per task the variant for `tokens` tokens per forward uses (the dispatch's chunk).
+int experts_chunk(int tokens);
+// Persistent grid size (SMs x resident CTAs) of a variant on the current device.
+int experts_grid(ExpertsKind kind, int chunk);
+void launch_experts(ExpertsKind kind, int chunk, const ExpertsParams& p, int grid,
+                    cudaStream_t stream);
+
+}  // namespace moekit::cuda

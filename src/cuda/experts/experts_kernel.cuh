@@ -1,0 +1,249 @@
+// Grouped expert kernels for the memory-bound decode regime, with tensor cores doing the math.
+//
+// Work: tasks {expert e, up to kNT*8 tokens} from the dispatch x row tiles of the expert's output.
+// A persistent grid (SMs x resident CTAs) takes (task, tile) work items from an atomic counter
+// (zeroed by the dispatch), item -> tile = item / num_tasks, task = item % num_tasks, so the
+// tasks sharing a tile run side by side and one expert's token chunks hit L2 together.
+//
+// One CTA = 8 warps on ONE m16 tile of weight rows; the warps split K in runs of kUnroll blocks
+// of 64 (warp w takes blocks [wU, wU+U), [8U+wU, ...)), then reduce through shared memory in warp
+// order (deterministic). "Swap AB": the weights are the M side of mma.m16n8k16 (bf16 in, fp32
+// accumulate), the tokens the N side, so at T=1 each weight element is loaded once and used once
+// and the tensor cores are never the limit (<= 1/8 of their rate even at one token per tile).
+//   gate/up tile: rows 0-7 = gate rows r0..r0+7, rows 8-15 = up rows I+r0.., so one thread holds
+//                 gate and up of the same (row, token) and writes h = act(g, u) straight away
+//   down tile:    16 rows of W2 (output columns of y)
+//
+// Loads: weights with 16-byte ld.global.nc.L1::no_allocate (read once: streamed past L1); each
+// load instruction covers whole 32-byte sectors (thread t of a row quad reads elements 8t..8t+7
+// and 32+8t..32+8t+7 of a 64-block). K is permuted identically for weights and activations, so
+// the dot products are unchanged: in mma step s thread t's logical k {2t,2t+1} / {2t+8,2t+9} are
+// its physical elements {4s,4s+1} / {4s+2,4s+3}. All kUnroll blocks of a warp are loaded before
+// the first mma: kUnroll * 64 B of weights per thread in flight.
+//
+// Down + combine: each item writes unweighted fp32 partials [pair, 16 rows]; the CTA that
+// completes a tile's last item (threadfence + counter) sums y[t] = sum_s w[t,s] * partial in slot
+// order (+ the unfused shared MLP's partial), so the result is deterministic: no float atomics.
+//
+// Preconditions (checked by the layer): k % 64 == 0, gate/up rows % 8 == 0, down rows % 16 == 0,
+// task.count <= kNT * 8, 16-byte aligned rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/experts/experts.h"
+
+namespace moekit::cuda::experts_detail {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockK = 64;
+
+__device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* ptr) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ uint4 ld_act(const __nv_bfloat16* ptr) {
+  return __ldg(reinterpret_cast<const uint4*>(ptr));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One 64-wide k block: a = {lo row first 8, lo row second 8, hi row first 8, hi row second 8},
+// b = {token first 8, token second 8}; four mma steps.
+__device__ __forceinline__ void mma_block(float (&c)[4], const uint4 (&a)[4], const uint4 (&b)[2]) {
+  mma_bf16(c, a[0].x, a[2].x, a[0].y, a[2].y, b[0].x, b[0].y);
+  mma_bf16(c, a[0].z, a[2].z, a[0].w, a[2].w, b[0].z, b[0].w);
+  mma_bf16(c, a[1].x, a[3].x, a[1].y, a[3].y, b[1].x, b[1].y);
+  mma_bf16(c, a[1].z, a[3].z, a[1].w, a[3].w, b[1].z, b[1].w);
+}
+
+__device__ __forceinline__ float activate(Activation act, float g, float u, float limit,
+                                          float alpha, float beta) {
+  if (limit > 0.0f) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+  }
+  if (act == Activation::Silu) return g / (1.0f + expf(-g)) * u;
+  const float glu = g / (1.0f + expf(-alpha * g));
+  return (u + beta) * glu;
+}
+
+// kGateUp: gate/up + activation, else down (+ combine). kNT: n-tiles of 8 tokens per task.
+// kUnroll: k blocks each warp loads before computing.
+template <bool kGateUp, int kNT, int kUnroll>
+__global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParams p) {
+  static_assert(kNT >= 1 && kNT <= 4, "kNT: 1..4 n-tiles of 8 tokens");
+  static_assert(kUnroll >= 1 && kUnroll <= 8, "kUnroll: 1..8 k blocks in flight per warp");
+  constexpr int kTileRows = kGateUp ? 8 : 16;
+  __shared__ float red[kWarps][kNT * 4][32];
+  __shared__ int s_item;
+  __shared__ int s_last;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int num_tasks = *p.num_tasks;
+  const int tiles = p.rows / kTileRows;
+  const int total = num_tasks * tiles;
+  const int nkb = p.k / kBlockK;
+
+  for (;;) {
+    if (threadIdx.x == 0) s_item = atomicAdd(p.work_counter, 1);
+    __syncthreads();
+    const int item = s_item;
+    __syncthreads();
+    if (item >= total) break;
+    const int tile = item / num_tasks;
+    const ExpertTask task = p.tasks[item - tile * num_tasks];
+    const int r0 = tile * kTileRows;
+    const __nv_bfloat16* wexp = p.w + static_cast<long long>(task.expert) * p.w_expert_stride;
+    const __nv_bfloat16* row_lo = wexp + static_cast<size_t>(r0 + g) * p.k;
+    const __nv_bfloat16* row_hi =
+        kGateUp ? wexp + static_cast<size_t>(p.inter + r0 + g) * p.k : row_lo + 8 * static_cast<size_t>(p.k);
+    const int ntiles = (task.count + 7) >> 3;
+
+    // activation rows of this thread's B column (token g of each n-tile)
+    const __nv_bfloat16* xr[kNT];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      const int col = j * 8 + g;
+      xr[j] = nullptr;
+      if (col < task.count) {
+        const int pair = p.pair_list[task.begin + col];
+        xr[j] = p.x + static_cast<size_t>(pair / p.x_row_div) * p.k;
+      }
+    }
+
+    float acc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+    // main loop: kUnroll blocks of weights and activations in flight, then the mma
+    for (int kb0 = warp * kUnroll; kb0 < nkb; kb0 += kWarps * kUnroll) {
+      uint4 a[kUnroll][4];
+      uint4 b[kUnroll][kNT][2];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int off = (kb0 + u) * kBlockK + 8 * t;
+        if (kb0 + u < nkb) {
+          a[u][0] = ld_stream(row_lo + off);
+          a[u][1] = ld_stream(row_lo + off + 32);
+          a[u][2] = ld_stream(row_hi + off);
+          a[u][3] = ld_stream(row_hi + off + 32);
+        }
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          if (kb0 + u < nkb && xr[j] != nullptr) {
+            b[u][j][0] = ld_act(xr[j] + off);
+            b[u][j][1] = ld_act(xr[j] + off + 32);
+          } else {
+            b[u][j][0] = make_uint4(0, 0, 0, 0);
+            b[u][j][1] = make_uint4(0, 0, 0, 0);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (kb0 + u < nkb) {
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+            if (j < ntiles) mma_block(acc[j], a[u], b[u][j]);
+          }
+        }
+      }
+    }
+
+    // reduce across the warps that split K, in warp order
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) red[warp][j * 4 + r][lane] = acc[j][r];
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          float s = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) s += red[w][j * 4 + r][lane];
+          acc[j][r] = s;
+        }
+      }
+      const float* bias = p.bias != nullptr ? p.bias + task.expert * p.bias_expert_stride : nullptr;
+      // epilogue: thread holds rows (r0+g | gate, up) or (r0+g, r0+g+8) for tokens 2t, 2t+1
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int col = j * 8 + 2 * t + c;
+          if (col < task.count) {
+            const int pair = p.pair_list[task.begin + col];
+            if constexpr (kGateUp) {
+              float gate = acc[j][c], up = acc[j][2 + c];
+              if (bias != nullptr) {
+                gate += bias[r0 + g];
+                up += bias[p.inter + r0 + g];
+              }
+              p.h[static_cast<size_t>(pair) * p.inter + r0 + g] = __float2bfloat16_rn(
+                  activate(p.activation, gate, up, p.limit, p.alpha, p.beta));
+            } else {
+              float lo = acc[j][c], hi = acc[j][2 + c];
+              if (bias != nullptr) {
+                lo += bias[r0 + g];
+                hi += bias[r0 + g + 8];
+              }
+              float* out = p.partial + static_cast<size_t>(pair) * p.rows + r0 + g;
+              out[0] = lo;
+              out[8] = hi;
+            }
+          }
+        }
+      }
+    }
+
+    if constexpr (!kGateUp) {
+      if (p.tile_counters != nullptr) {
+        // last item of this tile combines it, in slot order
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) s_last = atomicAdd(p.tile_counters + tile, 1) == num_tasks - 1;
+        __syncthreads();
+        if (s_last) {
+          __threadfence();
+          for (int i = threadIdx.x; i < p.tokens * kTileRows; i += kThreads) {
+            const int tok = i / kTileRows;
+            const int r = r0 + (i - tok * kTileRows);
+            float y = 0.0f;
+            for (int s = 0; s < p.slots; ++s) {
+              const size_t q = static_cast<size_t>(tok) * p.slots + s;
+              y += p.slot_weights[q] * __ldcg(p.partial + q * p.rows + r);
+            }
+            if (p.shared_partial != nullptr) {
+              y += p.shared_scale[tok] * __ldcg(p.shared_partial + static_cast<size_t>(tok) * p.rows + r);
+            }
+            p.y[static_cast<size_t>(tok) * p.rows + r] = __float2bfloat16_rn(y);
+          }
+          if (threadIdx.x == 0) p.tile_counters[tile] = 0;
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace moekit::cuda::experts_detail

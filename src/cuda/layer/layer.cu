@@ -1,0 +1,663 @@
+// GpuMoeLayer (include/moekit/cuda_layer.h): one MoE layer on the GPU, the op layer of the CUDA
+// backend. It validates the spec against the kernels' limits once, holds the weights and a
+// workspace sized for max_tokens, and runs a forward as a fixed sequence of launches with no
+// host synchronisation (so a CUDA graph can capture it):
+//
+//   1. router GEMM        logits[T, E(+1)] fp32            src/cuda/router_gemm/ (another op)
+//   2. routing + dispatch ids/weights [T, k+S], per-expert pair lists, tasks (one launch)
+//   3. gate/up            h[pair, I] = act(x W1^T, x W3^T) bf16, every touched expert once
+//   4. down + combine     y[T, H] = sum_slots w * (h W2^T + b2), deterministic, bf16
+//
+// Fused (the default when the spec can fuse): the shared MLP is S more experts E..E+S-1 whose
+// slots every token routes to, so it rides in launches 3-4. Unfused (the baseline): launches
+// 2a/2b run the shared MLP [T, Is] as one dense "expert" of width Is through the same kernels,
+// and the combine of launch 4 adds shared_scale[t] * its output after the routed slots.
+//
+// fuse_shared = auto picks fused whenever the spec can fuse: in this design fusion adds no launch
+// and the shared weights are read once either way, so fused is never slower by construction; the
+// benchmark (`moekit bench --device cuda`) measures both side by side to confirm it per batch.
+//
+// Weights on the device: stacked w13 [E+S, 2I, H], w2 [E+S, H, I] (slots repacked from the
+// shared MLP as in src/io/lazy_experts.h), biases [E+S, 2I] / [E+S, H] (zero for the slots), and
+// the unfused shared MLP [2Is, H] / [H, Is]. create_random generates them on the GPU with the
+// host generator's formula (random_fill.cu), so a 22.6 GB DeepSeek-V3 layer needs no host copy.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "common/random_values.h"
+#include "cuda/cuda_check.h"
+#include "cuda/experts/experts.h"
+#include "cuda/layer/random_fill.h"
+#include "cuda/router_gemm/router_gemm.h"
+#include "cuda/routing/routing.h"
+#include "io/random_weight_values.h"
+#include "moekit/cuda_layer.h"
+#include "moekit/error.h"
+
+namespace moekit::cuda {
+namespace {
+
+// Owns one cudaMalloc'ed buffer.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr != nullptr) MK_CUDA_WARN(cudaFree(ptr));
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+template <typename T>
+T* allocate(DeviceBuffer& buf, size_t count, size_t& total) {
+  MK_CHECK(buf.ptr == nullptr, "device buffer allocated twice");
+  if (count == 0) return nullptr;
+  buf.bytes = count * sizeof(T);
+  const cudaError_t err = cudaMalloc(&buf.ptr, buf.bytes);
+  if (err != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    (void)cudaGetLastError();
+    (void)cudaMemGetInfo(&free_b, &total_b);
+    MK_FAIL("cudaMalloc of " << buf.bytes << " bytes failed (" << cudaGetErrorName(err) << "): "
+                             << free_b << " of " << total_b << " bytes free on the device");
+  }
+  total += buf.bytes;
+  return static_cast<T*>(buf.ptr);
+}
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+struct GpuMoeLayer::Impl {
+  MoeSpec spec;
+  int layer = 0;
+  GpuLayerOptions opt;
+  int E = 0, S = 0, H = 0, I = 0, Is = 0, K = 0, cols = 0;
+  bool has_shared = false;
+  bool can_fuse = false;
+  RoutingConfig cfg_fused, cfg_unfused;
+  cudaStream_t stream = nullptr;
+  int grid[2][2] = {};  // [kind][chunk 8, 32]
+
+  // weights
+  size_t weight_bytes = 0;
+  DeviceBuffer router_w, router_bias, corr_bias, w13, w2, b13, b2, shared_w13, shared_w2;
+  // workspace
+  size_t workspace_bytes = 0;
+  DeviceBuffer logits, ids, weights, shared_scale, pair_list, tasks, shared_tasks, pair_identity;
+  DeviceBuffer h, shared_h, partial, shared_partial, counters, tile_counters, error_flag;
+  DeviceBuffer x_in, y_out;
+  int max_tasks = 0;
+
+  ~Impl() {
+    if (stream != nullptr) MK_CUDA_WARN(cudaStreamDestroy(stream));
+  }
+
+  int rows_fused() const { return E + (can_fuse ? S : 0); }
+
+  void validate() {
+    validate_spec(spec);
+    MK_CHECK(opt.max_tokens >= 1, "expected max_tokens >= 1, got " << opt.max_tokens);
+    MK_CHECK(E >= 1 && E <= kRoutingMaxExperts, "GPU routing takes 1.." << kRoutingMaxExperts
+                                                   << " experts, got " << E);
+    MK_CHECK(H % 64 == 0, "GPU experts need hidden % 64 == 0, got hidden " << H);
+    MK_CHECK(I % 64 == 0, "GPU experts need expert_intermediate % 64 == 0, got " << I);
+    MK_CHECK(!has_shared || Is % 64 == 0,
+             "GPU shared MLP needs shared_intermediate % 64 == 0, got " << Is);
+    MK_CHECK(spec.top_k + S <= 32, "GPU routing holds top_k + shared slots <= 32, got "
+                                       << spec.top_k << " + " << S);
+    MK_CHECK(spec.n_group <= 32, "GPU routing takes n_group <= 32, got " << spec.n_group);
+    MK_CHECK(E + S <= kAlignMaxRows, "GPU dispatch counts <= " << kAlignMaxRows
+                                         << " weight rows, got " << E + S);
+    MK_CHECK(spec.router_dtype == DType::BF16 || spec.router_dtype == DType::F32,
+             "expected router dtype BF16 or F32, got " << dtype_name(spec.router_dtype));
+  }
+
+  void init_shapes() {
+    E = spec.num_experts;
+    H = spec.hidden;
+    I = spec.expert_intermediate;
+    K = spec.top_k;
+    cols = spec.router_columns();
+    has_shared = spec.shared_kind != SharedKind::None && spec.shared_intermediate > 0;
+    Is = has_shared ? spec.shared_intermediate : 0;
+    can_fuse = spec.can_fuse_shared();
+    S = can_fuse ? spec.shared_slots() : 0;
+    cfg_unfused = RoutingConfig::from_spec(spec, false);
+    if (can_fuse) cfg_fused = RoutingConfig::from_spec(spec, true);
+  }
+
+  void allocate_weights() {
+    const size_t rows = rows_fused();
+    const size_t router_elems = static_cast<size_t>(cols) * H;
+    if (spec.router_dtype == DType::F32) {
+      allocate<float>(router_w, router_elems, weight_bytes);
+    } else {
+      allocate<__nv_bfloat16>(router_w, router_elems, weight_bytes);
+    }
+    if (spec.has_router_bias) allocate<float>(router_bias, E, weight_bytes);
+    if (spec.has_correction_bias) allocate<float>(corr_bias, E, weight_bytes);
+    allocate<__nv_bfloat16>(w13, rows * 2 * I * H, weight_bytes);
+    allocate<__nv_bfloat16>(w2, rows * H * I, weight_bytes);
+    if (spec.has_expert_bias) {
+      allocate<float>(b13, rows * 2 * I, weight_bytes);
+      allocate<float>(b2, rows * H, weight_bytes);
+      MK_CUDA_CHECK(cudaMemset(b13.ptr, 0, b13.bytes));
+      MK_CUDA_CHECK(cudaMemset(b2.ptr, 0, b2.bytes));
+    }
+    if (has_shared) {
+      allocate<__nv_bfloat16>(shared_w13, static_cast<size_t>(2) * Is * H, weight_bytes);
+      allocate<__nv_bfloat16>(shared_w2, static_cast<size_t>(H) * Is, weight_bytes);
+    }
+  }
+
+  // Fused slot j = gate rows [jI,(j+1)I) and up rows Is+[jI,(j+1)I) of the shared w13, down
+  // columns [jI,(j+1)I) of the shared w2 (the repack of src/io/lazy_experts.h, on the device).
+  void repack_slots_on_device() {
+    const size_t expert13 = static_cast<size_t>(2) * I * H, expert2 = static_cast<size_t>(H) * I;
+    for (int j = 0; j < S; ++j) {
+      __nv_bfloat16* dst13 = w13.as<__nv_bfloat16>() + (E + j) * expert13;
+      const __nv_bfloat16* src = shared_w13.as<__nv_bfloat16>();
+      MK_CUDA_CHECK(cudaMemcpyAsync(dst13, src + static_cast<size_t>(j) * I * H,
+                                    static_cast<size_t>(I) * H * 2, cudaMemcpyDeviceToDevice,
+                                    stream));
+      MK_CUDA_CHECK(cudaMemcpyAsync(dst13 + static_cast<size_t>(I) * H,
+                                    src + (static_cast<size_t>(Is) + j * I) * H,
+                                    static_cast<size_t>(I) * H * 2, cudaMemcpyDeviceToDevice,
+                                    stream));
+      MK_CUDA_CHECK(cudaMemcpy2DAsync(
+          w2.as<__nv_bfloat16>() + (E + j) * expert2, static_cast<size_t>(I) * 2,
+          shared_w2.as<__nv_bfloat16>() + static_cast<size_t>(j) * I,
+          static_cast<size_t>(Is) * 2, static_cast<size_t>(I) * 2, H, cudaMemcpyDeviceToDevice,
+          stream));
+    }
+  }
+
+  void upload(const LayerWeights& w) {
+    const size_t router_elems = static_cast<size_t>(cols) * H;
+    MK_CHECK(w.router_weight() != nullptr, "router weight of " << spec.name << " is missing");
+    MK_CUDA_CHECK(cudaMemcpy(router_w.ptr, w.router_weight(),
+                             router_elems * dtype_size(spec.router_dtype),
+                             cudaMemcpyHostToDevice));
+    if (spec.has_router_bias) {
+      MK_CHECK(w.router_bias() != nullptr, spec.name << " has a router bias but none was given");
+      MK_CUDA_CHECK(cudaMemcpy(router_bias.ptr, w.router_bias(), E * sizeof(float),
+                               cudaMemcpyHostToDevice));
+    }
+    if (spec.has_correction_bias) {
+      MK_CHECK(w.correction_bias() != nullptr,
+               spec.name << " has a correction bias but none was given");
+      MK_CUDA_CHECK(cudaMemcpy(corr_bias.ptr, w.correction_bias(), E * sizeof(float),
+                               cudaMemcpyHostToDevice));
+    }
+    const size_t expert13 = static_cast<size_t>(2) * I * H, expert2 = static_cast<size_t>(H) * I;
+    for (int e = 0; e < rows_fused(); ++e) {
+      const ExpertView v = w.expert(e);
+      MK_CHECK(v.w13 != nullptr && v.w2 != nullptr, "expert " << e << " of " << spec.name
+                                                               << " has no weights");
+      MK_CUDA_CHECK(cudaMemcpy(w13.as<__nv_bfloat16>() + e * expert13, v.w13, expert13 * 2,
+                               cudaMemcpyHostToDevice));
+      MK_CUDA_CHECK(cudaMemcpy(w2.as<__nv_bfloat16>() + e * expert2, v.w2, expert2 * 2,
+                               cudaMemcpyHostToDevice));
+      if (spec.has_expert_bias && v.b13 != nullptr) {
+        MK_CUDA_CHECK(cudaMemcpy(b13.as<float>() + e * static_cast<size_t>(2) * I, v.b13,
+                                 static_cast<size_t>(2) * I * sizeof(float),
+                                 cudaMemcpyHostToDevice));
+      }
+      if (spec.has_expert_bias && v.b2 != nullptr) {
+        MK_CUDA_CHECK(cudaMemcpy(b2.as<float>() + e * static_cast<size_t>(H), v.b2,
+                                 static_cast<size_t>(H) * sizeof(float), cudaMemcpyHostToDevice));
+      }
+    }
+    if (has_shared) {
+      MK_CHECK(w.shared_w13() != nullptr && w.shared_w2() != nullptr,
+               "shared expert weights of " << spec.name << " are missing");
+      MK_CUDA_CHECK(cudaMemcpy(shared_w13.ptr, w.shared_w13(), shared_w13.bytes,
+                               cudaMemcpyHostToDevice));
+      MK_CUDA_CHECK(cudaMemcpy(shared_w2.ptr, w.shared_w2(), shared_w2.bytes,
+                               cudaMemcpyHostToDevice));
+    }
+  }
+
+  void fill_random(uint64_t seed) {
+    namespace rv = random_values;
+    using rv::Tensor;
+    const size_t router_elems = static_cast<size_t>(cols) * H;
+    if (spec.router_dtype == DType::F32) {
+      fill_random_f32(router_w.as<float>(), router_elems, 1, seed, layer, Tensor::RouterWeight,
+                      -1, rv::weight_scale(H), stream);
+    } else {
+      fill_random_bf16(router_w.as<__nv_bfloat16>(), router_elems, 1, seed, layer,
+                       Tensor::RouterWeight, -1, rv::weight_scale(H), stream);
+    }
+    if (spec.has_correction_bias) {
+      fill_random_f32(corr_bias.as<float>(), E, 1, seed, layer, Tensor::CorrectionBias, -1,
+                      rv::kCorrectionBiasScale, stream);
+    }
+    if (spec.has_router_bias) {
+      fill_random_f32(router_bias.as<float>(), E, 1, seed, layer, Tensor::RouterBias, -1,
+                      rv::kBiasScale, stream);
+    }
+    fill_random_bf16(w13.as<__nv_bfloat16>(), static_cast<size_t>(2) * I * H, E, seed, layer,
+                     Tensor::ExpertW13, 0, rv::weight_scale(H), stream);
+    fill_random_bf16(w2.as<__nv_bfloat16>(), static_cast<size_t>(H) * I, E, seed, layer,
+                     Tensor::ExpertW2, 0, rv::weight_scale(I), stream);
+    if (spec.has_expert_bias) {
+      fill_random_f32(b13.as<float>(), static_cast<size_t>(2) * I, E, seed, layer,
+                      Tensor::ExpertB13, 0, rv::kBiasScale, stream);
+      fill_random_f32(b2.as<float>(), H, E, seed, layer, Tensor::ExpertB2, 0, rv::kBiasScale,
+                      stream);
+    }
+    if (has_shared) {
+      fill_random_bf16(shared_w13.as<__nv_bfloat16>(), static_cast<size_t>(2) * Is * H, 1, seed,
+                       layer, Tensor::SharedW13, -1, rv::weight_scale(H), stream);
+      fill_random_bf16(shared_w2.as<__nv_bfloat16>(), static_cast<size_t>(H) * Is, 1, seed, layer,
+                       Tensor::SharedW2, -1, rv::weight_scale(Is), stream);
+    }
+  }
+
+  void allocate_workspace() {
+    const int tm = opt.max_tokens;
+    const int max_slots = K + S;
+    const size_t pairs = static_cast<size_t>(tm) * max_slots;
+    max_tasks = max_routed_tasks(static_cast<int>(pairs), rows_fused(), 8);
+    size_t& ws = workspace_bytes;
+    allocate<float>(logits, static_cast<size_t>(tm) * cols, ws);
+    allocate<int32_t>(ids, pairs, ws);
+    allocate<float>(weights, pairs, ws);
+    allocate<float>(shared_scale, tm, ws);
+    allocate<int>(pair_list, pairs, ws);
+    allocate<ExpertTask>(tasks, max_tasks, ws);
+    allocate<ExpertTask>(shared_tasks, ceil_div(tm, 8), ws);
+    allocate<int>(pair_identity, tm, ws);
+    allocate<__nv_bfloat16>(h, pairs * I, ws);
+    allocate<float>(partial, pairs * H, ws);
+    if (has_shared) {
+      allocate<__nv_bfloat16>(shared_h, static_cast<size_t>(tm) * Is, ws);
+      allocate<float>(shared_partial, static_cast<size_t>(tm) * H, ws);
+    }
+    allocate<DispatchCounters>(counters, 1, ws);
+    allocate<int>(tile_counters, H / 16, ws);
+    allocate<int>(error_flag, 1, ws);
+    allocate<__nv_bfloat16>(x_in, static_cast<size_t>(tm) * H, ws);
+    allocate<__nv_bfloat16>(y_out, static_cast<size_t>(tm) * H, ws);
+    MK_CUDA_CHECK(cudaMemset(counters.ptr, 0, counters.bytes));
+    MK_CUDA_CHECK(cudaMemset(tile_counters.ptr, 0, tile_counters.bytes));
+    MK_CUDA_CHECK(cudaMemset(error_flag.ptr, 0, error_flag.bytes));
+    std::vector<int> identity(tm);
+    for (int i = 0; i < tm; ++i) identity[i] = i;
+    MK_CUDA_CHECK(cudaMemcpy(pair_identity.ptr, identity.data(), tm * sizeof(int),
+                             cudaMemcpyHostToDevice));
+  }
+
+  void init_launch_config() {
+    const int chunks[2] = {8, 32};
+    for (int c = 0; c < 2; ++c) {
+      grid[0][c] = experts_grid(ExpertsKind::GateUp, chunks[c]);
+      grid[1][c] = experts_grid(ExpertsKind::Down, chunks[c]);
+    }
+    warm_up_router_gemm(spec, opt.max_tokens, stream);
+  }
+
+  bool resolve_fused(FuseShared fuse, int /*tokens*/) const {
+    if (!has_shared) return false;
+    switch (fuse) {
+      case FuseShared::On:
+        MK_CHECK(can_fuse, "cannot fuse the shared expert of "
+                               << spec.name << ": shared_intermediate (" << spec.shared_intermediate
+                               << ") is not a whole multiple of expert_intermediate (" << I << ")");
+        return true;
+      case FuseShared::Off:
+        return false;
+      case FuseShared::Auto:
+        return can_fuse;
+    }
+    return false;
+  }
+
+  ExpertsParams experts_common() const {
+    ExpertsParams p;
+    p.activation = spec.activation;
+    p.limit = spec.swiglu_limit;
+    p.alpha = spec.swiglu_alpha;
+    p.beta = spec.swiglu_beta;
+    return p;
+  }
+
+  void forward_device(const void* x, void* y, int tokens, bool fused, cudaStream_t st) {
+    MK_CHECK(tokens >= 0 && tokens <= opt.max_tokens,
+             "expected 0 <= tokens <= max_tokens (" << opt.max_tokens << "), got " << tokens);
+    if (tokens == 0) return;
+    MK_CHECK(x != nullptr && y != nullptr, "forward_device: x or y is null");
+    const int s_run = fused ? S : 0;
+    const int slots = K + s_run;
+    const int chunk = experts_chunk(tokens);
+    const int ci = chunk == 8 ? 0 : 1;
+    const bool shared_unfused = has_shared && !fused;
+    auto* ctr = counters.as<DispatchCounters>();
+
+    // 1. router GEMM
+    RouterGemmProblem rg;
+    rg.m = tokens;
+    rg.n = cols;
+    rg.k = H;
+    rg.weight_dtype = spec.router_dtype;
+    rg.x = x;
+    rg.weight = router_w.ptr;
+    rg.bias = spec.has_router_bias ? router_bias.as<float>() : nullptr;
+    rg.out = logits.as<float>();
+    router_gemm(rg, st);
+
+    // 2. routing + dispatch
+    RoutingParams rp;
+    rp.cfg = fused ? cfg_fused : cfg_unfused;
+    rp.tokens = tokens;
+    rp.logits = logits.as<float>();
+    rp.correction_bias = spec.has_correction_bias ? corr_bias.as<float>() : nullptr;
+    rp.ids = ids.as<int32_t>();
+    rp.weights = weights.as<float>();
+    rp.shared_scale = has_shared ? shared_scale.as<float>() : nullptr;
+    rp.weight_rows = E + s_run;
+    rp.chunk = chunk;
+    rp.pair_list = pair_list.as<int>();
+    rp.tasks = tasks.as<ExpertTask>();
+    rp.shared_tasks = shared_unfused ? shared_tasks.as<ExpertTask>() : nullptr;
+    rp.counters = ctr;
+    rp.tile_counters = tile_counters.as<int>();
+    rp.num_tile_counters = H / 16;
+    rp.error_flag = error_flag.as<int>();
+    launch_routing(rp, st);
+
+    // 2a/2b. unfused shared MLP as its own GEMMs: one dense "expert" of width Is
+    if (shared_unfused) {
+      ExpertsParams g = experts_common();
+      g.w = shared_w13.as<__nv_bfloat16>();
+      g.inter = Is;
+      g.rows = Is;
+      g.k = H;
+      g.x = static_cast<const __nv_bfloat16*>(x);
+      g.x_row_div = 1;
+      g.pair_list = pair_identity.as<int>();
+      g.tasks = shared_tasks.as<ExpertTask>();
+      g.num_tasks = &ctr->num_shared_tasks;
+      g.work_counter = &ctr->work[2];
+      g.h = shared_h.as<__nv_bfloat16>();
+      launch_experts(ExpertsKind::GateUp, chunk, g, grid[0][ci], st);
+
+      ExpertsParams d = experts_common();
+      d.w = shared_w2.as<__nv_bfloat16>();
+      d.inter = Is;
+      d.rows = H;
+      d.k = Is;
+      d.x = shared_h.as<__nv_bfloat16>();
+      d.x_row_div = 1;
+      d.pair_list = pair_identity.as<int>();
+      d.tasks = shared_tasks.as<ExpertTask>();
+      d.num_tasks = &ctr->num_shared_tasks;
+      d.work_counter = &ctr->work[3];
+      d.partial = shared_partial.as<float>();
+      launch_experts(ExpertsKind::Down, chunk, d, grid[1][ci], st);
+    }
+
+    // 3. routed (+ fused shared) gate/up
+    ExpertsParams g = experts_common();
+    g.w = w13.as<__nv_bfloat16>();
+    g.w_expert_stride = static_cast<long long>(2) * I * H;
+    g.bias = spec.has_expert_bias ? b13.as<float>() : nullptr;
+    g.bias_expert_stride = static_cast<long long>(2) * I;
+    g.inter = I;
+    g.rows = I;
+    g.k = H;
+    g.x = static_cast<const __nv_bfloat16*>(x);
+    g.x_row_div = slots;
+    g.pair_list = pair_list.as<int>();
+    g.tasks = tasks.as<ExpertTask>();
+    g.num_tasks = &ctr->num_tasks;
+    g.work_counter = &ctr->work[0];
+    g.h = h.as<__nv_bfloat16>();
+    launch_experts(ExpertsKind::GateUp, chunk, g, grid[0][ci], st);
+
+    // 4. down + weighted combine
+    ExpertsParams d = experts_common();
+    d.w = w2.as<__nv_bfloat16>();
+    d.w_expert_stride = static_cast<long long>(H) * I;
+    d.bias = spec.has_expert_bias ? b2.as<float>() : nullptr;
+    d.bias_expert_stride = H;
+    d.inter = I;
+    d.rows = H;
+    d.k = I;
+    d.x = h.as<__nv_bfloat16>();
+    d.x_row_div = 1;
+    d.pair_list = pair_list.as<int>();
+    d.tasks = tasks.as<ExpertTask>();
+    d.num_tasks = &ctr->num_tasks;
+    d.work_counter = &ctr->work[1];
+    d.partial = partial.as<float>();
+    d.tile_counters = tile_counters.as<int>();
+    d.tokens = tokens;
+    d.slots = slots;
+    d.slot_weights = weights.as<float>();
+    d.shared_partial = shared_unfused ? shared_partial.as<float>() : nullptr;
+    d.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
+    d.y = static_cast<__nv_bfloat16*>(y);
+    launch_experts(ExpertsKind::Down, chunk, d, grid[1][ci], st);
+  }
+};
+
+// ---- GpuMoeLayer ----
+
+namespace {
+
+std::unique_ptr<GpuMoeLayer::Impl> make_impl(const MoeSpec& spec, int layer,
+                                             const GpuLayerOptions& opt) {
+  auto impl = std::make_unique<GpuMoeLayer::Impl>();
+  impl->spec = spec;
+  impl->layer = layer;
+  impl->opt = opt;
+  impl->opt.fuse = fuse_shared_from_env(opt.fuse);
+  impl->init_shapes();
+  impl->validate();
+  std::string why;
+  MK_CHECK(available(&why), "no usable GPU: " << why);
+  MK_CUDA_CHECK(cudaSetDevice(opt.device));
+  MK_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  impl->allocate_weights();
+  impl->allocate_workspace();
+  return impl;
+}
+
+}  // namespace
+
+GpuMoeLayer::GpuMoeLayer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuMoeLayer::~GpuMoeLayer() = default;
+
+std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create(const LayerWeights& w,
+                                                 const GpuLayerOptions& opt) {
+  auto impl = make_impl(w.spec(), w.layer(), opt);
+  impl->upload(w);
+  impl->init_launch_config();
+  MK_CUDA_CHECK(cudaStreamSynchronize(impl->stream));
+  return std::unique_ptr<GpuMoeLayer>(new GpuMoeLayer(std::move(impl)));
+}
+
+std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create_random(const MoeSpec& spec, int layer,
+                                                        uint64_t seed,
+                                                        const GpuLayerOptions& opt) {
+  MK_CHECK(spec.is_moe_layer(layer), "layer " << layer << " of " << spec.name
+                                              << " is not an MoE layer");
+  auto impl = make_impl(spec, layer, opt);
+  impl->fill_random(seed);
+  if (impl->can_fuse) impl->repack_slots_on_device();
+  impl->init_launch_config();
+  MK_CUDA_CHECK(cudaStreamSynchronize(impl->stream));
+  return std::unique_ptr<GpuMoeLayer>(new GpuMoeLayer(std::move(impl)));
+}
+
+const MoeSpec& GpuMoeLayer::spec() const { return impl_->spec; }
+int GpuMoeLayer::layer() const { return impl_->layer; }
+int GpuMoeLayer::max_tokens() const { return impl_->opt.max_tokens; }
+size_t GpuMoeLayer::weight_bytes() const { return impl_->weight_bytes; }
+size_t GpuMoeLayer::workspace_bytes() const { return impl_->workspace_bytes; }
+
+bool GpuMoeLayer::resolve_fused(FuseShared fuse, int tokens) const {
+  return impl_->resolve_fused(fuse, tokens);
+}
+
+void GpuMoeLayer::forward_device(const void* x, void* y, int tokens, FuseShared fuse,
+                                 CUstream_st* stream) {
+  impl_->forward_device(x, y, tokens, impl_->resolve_fused(fuse, tokens), stream);
+}
+
+void GpuMoeLayer::forward_device(const void* x, void* y, int tokens, CUstream_st* stream) {
+  forward_device(x, y, tokens, impl_->opt.fuse, stream);
+}
+
+ForwardResult GpuMoeLayer::forward(const Bf16* x, int tokens, FuseShared fuse) {
+  Impl& m = *impl_;
+  MK_CHECK(tokens >= 0 && tokens <= m.opt.max_tokens,
+           "expected 0 <= tokens <= max_tokens (" << m.opt.max_tokens << "), got " << tokens);
+  check_finite_input(x, tokens, m.H);
+  MK_CUDA_CHECK(cudaSetDevice(m.opt.device));
+  const bool fused = m.resolve_fused(fuse, tokens);
+  const int slots = m.K + (fused ? m.S : 0);
+  const size_t n_x = static_cast<size_t>(tokens) * m.H;
+  const size_t n_pairs = static_cast<size_t>(tokens) * slots;
+
+  ForwardResult r;
+  r.tokens = tokens;
+  r.hidden = m.H;
+  r.fused = fused;
+  r.routing.tokens = tokens;
+  r.routing.slots = slots;
+  if (tokens == 0) return r;
+
+  // poison every output, so an unwritten element shows as NaN / -1
+  MK_CUDA_CHECK(cudaMemcpyAsync(m.x_in.ptr, x, n_x * 2, cudaMemcpyHostToDevice, m.stream));
+  MK_CUDA_CHECK(cudaMemsetAsync(m.y_out.ptr, 0xff, n_x * 2, m.stream));
+  MK_CUDA_CHECK(cudaMemsetAsync(m.ids.ptr, 0xff, n_pairs * 4, m.stream));
+  MK_CUDA_CHECK(cudaMemsetAsync(m.weights.ptr, 0xff, n_pairs * 4, m.stream));
+  MK_CUDA_CHECK(cudaMemsetAsync(m.shared_scale.ptr, 0xff, static_cast<size_t>(tokens) * 4,
+                                m.stream));
+  MK_CUDA_CHECK(cudaMemsetAsync(m.error_flag.ptr, 0, 4, m.stream));
+  m.forward_device(m.x_in.ptr, m.y_out.ptr, tokens, fused, m.stream);
+
+  std::vector<uint16_t> y16(n_x);
+  r.routing.ids.resize(n_pairs);
+  r.routing.weights.resize(n_pairs);
+  int error = 0;
+  MK_CUDA_CHECK(cudaMemcpyAsync(y16.data(), m.y_out.ptr, n_x * 2, cudaMemcpyDeviceToHost,
+                                m.stream));
+  MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.ids.data(), m.ids.ptr, n_pairs * 4,
+                                cudaMemcpyDeviceToHost, m.stream));
+  MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.weights.data(), m.weights.ptr, n_pairs * 4,
+                                cudaMemcpyDeviceToHost, m.stream));
+  MK_CUDA_CHECK(cudaMemcpyAsync(&error, m.error_flag.ptr, 4, cudaMemcpyDeviceToHost, m.stream));
+  if (m.has_shared) {
+    r.routing.shared_scale.resize(tokens);
+    MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.shared_scale.data(), m.shared_scale.ptr,
+                                  static_cast<size_t>(tokens) * 4, cudaMemcpyDeviceToHost,
+                                  m.stream));
+  }
+  MK_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  MK_CHECK(error == 0, "GPU routing produced an expert id outside [0, "
+                           << m.E + (fused ? m.S : 0) << ") (dispatch dropped it)");
+  r.y.resize(n_x);
+  for (size_t i = 0; i < n_x; ++i) r.y[i] = bf16_to_float(Bf16{y16[i]});
+  return r;
+}
+
+LaunchCount GpuMoeLayer::count_launches(int tokens, bool fused) {
+  Impl& m = *impl_;
+  MK_CUDA_CHECK(cudaSetDevice(m.opt.device));
+  cudaGraph_t graph = nullptr;
+  MK_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    m.forward_device(m.x_in.ptr, m.y_out.ptr, tokens, m.resolve_fused(fused ? FuseShared::On
+                                                                            : FuseShared::Off,
+                                                                      tokens),
+                     m.stream);
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    (void)cudaStreamEndCapture(m.stream, &broken);
+    if (broken != nullptr) (void)cudaGraphDestroy(broken);
+    throw;
+  }
+  MK_CUDA_CHECK(cudaStreamEndCapture(m.stream, &graph));
+  size_t n = 0;
+  MK_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  MK_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+  LaunchCount c;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    MK_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeKernel) {
+      ++c.kernels;
+    } else {
+      ++c.other_nodes;
+    }
+  }
+  MK_CUDA_CHECK(cudaGraphDestroy(graph));
+  return c;
+}
+
+std::vector<float> GpuMoeLayer::last_logits(int tokens) const {
+  const Impl& m = *impl_;
+  MK_CHECK(tokens >= 0 && tokens <= m.opt.max_tokens,
+           "expected 0 <= tokens <= max_tokens (" << m.opt.max_tokens << "), got " << tokens);
+  std::vector<float> out(static_cast<size_t>(tokens) * m.cols);
+  MK_CUDA_CHECK(cudaSetDevice(m.opt.device));
+  MK_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.ptr, out.size() * sizeof(float),
+                                cudaMemcpyDeviceToHost, m.stream));
+  MK_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return out;
+}
+
+ForwardResult forward_once(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse) {
+  GpuLayerOptions opt;
+  opt.max_tokens = std::max(tokens, 1);
+  auto layer = GpuMoeLayer::create(w, opt);
+  return layer->forward(x, tokens, fuse);
+}
+
+bool available(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
+                    cudaGetErrorString(err) + ")";
+    return false;
+  }
+  if (count == 0) {
+    if (why) *why = "no CUDA device found";
+    return false;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why) *why = "cudaGetDeviceProperties(0) failed";
+    return false;
+  }
+  if (prop.major != 9) {
+    if (why) {
+      *why = std::string("device 0 (") + prop.name + ") is sm_" + std::to_string(prop.major) +
+             std::to_string(prop.minor) + "; moekit's kernels are built for sm_90a";
+    }
+    return false;
+  }
+  if (why) why->clear();
+  return true;
+}
+
+}  // namespace moekit::cuda

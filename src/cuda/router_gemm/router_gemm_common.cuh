@@ -1,0 +1,68 @@
+// Device helpers shared by the router GEMM kernels: the argument block, programmatic dependent
+// launch (PDL) controls, 16-byte loads and bf16 unpacking.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace moekit::cuda::router_gemm_detail {
+
+// One router GEMM call, as the kernels see it. Shapes and layouts: router_gemm.h.
+struct RouterGemmArgs {
+  const __nv_bfloat16* x;  // [m, k] bf16
+  const void* w;           // [n, k] bf16 or fp32 (the kernel's template type)
+  const float* bias;       // [n] or nullptr
+  float* out;              // [m, n] fp32
+  int m;
+  int n;
+  int k;
+};
+
+// PDL: wait until the previous kernel in the stream has finished and its writes are visible.
+// Everything before this call may only read data no earlier kernel writes (the weights).
+// Without a programmatic launch it returns at once.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// PDL: let the next kernel start its prologue; it still waits for our completion in its own
+// griddep_wait, so calling this early is safe.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// 16-byte load of data read once (weights): read-only path, not kept in L1.
+__device__ __forceinline__ uint4 load_stream_16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// 16-byte load of data many CTAs read (activations): cached.
+__device__ __forceinline__ uint4 load_16(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// bf16 pair in one 32-bit word -> floats (element 0 is the low half), exact.
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Element i (0..7) of eight bf16 in a uint4.
+__device__ __forceinline__ float bf16_at(const uint4& v, int i) {
+  const uint32_t w = word(v, i / 2);
+  return (i & 1) ? bf16_hi(w) : bf16_lo(w);
+}
+
+}  // namespace moekit::cuda::router_gemm_detail

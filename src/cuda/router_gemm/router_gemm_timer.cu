@@ -1,0 +1,292 @@
+// Host-facing router GEMM entries (include/moekit/router_gemm.h): router_logits on host arrays,
+// device info, and RouterGemmTimer (CUDA-graph replay over weight copies rotated out of L2),
+// which `moekit tune` and `moekit bench router-gemm` use.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/random_values.h"
+#include "cuda/cuda_check.h"
+#include "cuda/router_gemm/router_gemm.h"
+#include "moekit/error.h"
+#include "moekit/router_gemm.h"
+#include "moekit/weights.h"
+
+namespace moekit::cuda {
+
+namespace {
+
+// RAII device buffer.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { MK_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(bytes, 16))); }
+  ~DeviceBuffer() { MK_CUDA_WARN(cudaFree(ptr)); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+struct StreamGuard {
+  cudaStream_t s = nullptr;
+  StreamGuard() { MK_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~StreamGuard() { MK_CUDA_WARN(cudaStreamDestroy(s)); }
+};
+
+// Uniform [-scale, scale), rounded to bf16 (also for fp32 weights: exact either way).
+__global__ void fill_random_kernel(void* out, size_t count, bool f32, uint64_t stream, float scale) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const __nv_bfloat16 v = __float2bfloat16(random_values::uniform(stream, i) * scale);
+    if (f32) {
+      static_cast<float*>(out)[i] = __bfloat162float(v);
+    } else {
+      static_cast<__nv_bfloat16*>(out)[i] = v;
+    }
+  }
+}
+
+__global__ void fill_nan_kernel(float* out, size_t count) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[i] = __int_as_float(0x7fc00000);
+}
+
+__global__ void empty_kernel() {}
+
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+}  // namespace
+
+std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int tokens,
+                                 const tuning::RouterGemmConfig* config) {
+  const MoeSpec& spec = w.spec();
+  MK_CHECK(tokens >= 0, "router_logits: expected tokens >= 0, got " << tokens);
+  const int n = spec.router_columns();
+  const int k = spec.hidden;
+  std::vector<float> out(static_cast<size_t>(tokens) * n);
+  if (tokens == 0) return out;
+  const size_t w_bytes = static_cast<size_t>(n) * k * dtype_size(spec.router_dtype);
+  const size_t x_bytes = static_cast<size_t>(tokens) * k * sizeof(Bf16);
+  DeviceBuffer dw(w_bytes), dx(x_bytes), dout(out.size() * sizeof(float)), dbias(n * 4);
+  StreamGuard stream;
+  MK_CUDA_CHECK(cudaMemcpyAsync(dw.ptr, w.router_weight(), w_bytes, cudaMemcpyHostToDevice, stream.s));
+  MK_CUDA_CHECK(cudaMemcpyAsync(dx.ptr, x, x_bytes, cudaMemcpyHostToDevice, stream.s));
+  if (w.router_bias() != nullptr) {
+    MK_CUDA_CHECK(cudaMemcpyAsync(dbias.ptr, w.router_bias(), n * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream.s));
+  }
+  RouterGemmProblem p;
+  p.m = tokens;
+  p.n = n;
+  p.k = k;
+  p.weight_dtype = spec.router_dtype;
+  p.x = dx.ptr;
+  p.weight = dw.ptr;
+  p.bias = w.router_bias() != nullptr ? static_cast<const float*>(dbias.ptr) : nullptr;
+  p.out = static_cast<float*>(dout.ptr);
+  if (config != nullptr) {
+    router_gemm(p, *config, stream.s);
+  } else {
+    router_gemm(p, stream.s);
+  }
+  MK_CUDA_CHECK(cudaMemcpyAsync(out.data(), dout.ptr, out.size() * sizeof(float),
+                                cudaMemcpyDeviceToHost, stream.s));
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  return out;
+}
+
+RouterGemmDeviceInfo router_gemm_device_info() {
+  int count = 0;
+  MK_CUDA_CHECK(cudaGetDeviceCount(&count));
+  MK_CHECK(count > 0, "no CUDA device found");
+  int device = 0;
+  MK_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  MK_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  RouterGemmDeviceInfo info;
+  info.name = prop.name;
+  info.cc_major = prop.major;
+  info.cc_minor = prop.minor;
+  info.sms = prop.multiProcessorCount;
+  info.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
+  info.arch = tuning::arch_from_compute_capability(prop.major, prop.minor);
+  return info;
+}
+
+// ---- RouterGemmTimer ----
+
+struct RouterGemmTimer::Impl {
+  tuning::RouterGemmShape shape;
+  int max_m = 0;
+  int copies = 0;
+  size_t w_bytes = 0, x_bytes = 0, out_bytes = 0, bias_bytes = 0, copy_stride = 0;
+  std::unique_ptr<DeviceBuffer> pool;
+  StreamGuard stream;
+  cudaEvent_t start = nullptr, stop = nullptr;
+
+  RouterGemmProblem problem(int copy, int m) const {
+    char* base = static_cast<char*>(pool->ptr) + static_cast<size_t>(copy) * copy_stride;
+    RouterGemmProblem p;
+    p.m = m;
+    p.n = shape.n;
+    p.k = shape.k;
+    p.weight_dtype = shape.weight_dtype;
+    p.weight = base;
+    p.x = base + align256(w_bytes);
+    p.out = reinterpret_cast<float*>(base + align256(w_bytes) + align256(x_bytes));
+    p.bias = shape.has_bias ? reinterpret_cast<const float*>(base + align256(w_bytes) +
+                                                             align256(x_bytes) +
+                                                             align256(out_bytes))
+                            : nullptr;
+    return p;
+  }
+
+  // Captures `launch(copy)` for every copy into one graph, replays it (1 warm-up + kReps timed)
+  // and returns the median replay time per launch in microseconds.
+  template <typename Launch>
+  double time_graph(Launch launch) {
+    constexpr int kReps = 7;
+    cudaGraph_t graph = nullptr;
+    MK_CUDA_CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
+    try {
+      for (int c = 0; c < copies; ++c) launch(c);
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      MK_CUDA_WARN(cudaStreamEndCapture(stream.s, &g));
+      if (g != nullptr) MK_CUDA_WARN(cudaGraphDestroy(g));
+      throw;
+    }
+    MK_CUDA_CHECK(cudaStreamEndCapture(stream.s, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    MK_CUDA_WARN(cudaGraphDestroy(graph));
+    MK_CUDA_CHECK(inst);
+    std::vector<float> ms(kReps);
+    try {
+      MK_CUDA_CHECK(cudaGraphUpload(exec, stream.s));
+      MK_CUDA_CHECK(cudaGraphLaunch(exec, stream.s));  // warm-up
+      for (int r = 0; r < kReps; ++r) {
+        MK_CUDA_CHECK(cudaEventRecord(start, stream.s));
+        MK_CUDA_CHECK(cudaGraphLaunch(exec, stream.s));
+        MK_CUDA_CHECK(cudaEventRecord(stop, stream.s));
+        MK_CUDA_CHECK(cudaEventSynchronize(stop));
+        MK_CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
+      }
+    } catch (...) {
+      MK_CUDA_WARN(cudaGraphExecDestroy(exec));
+      throw;
+    }
+    MK_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    std::sort(ms.begin(), ms.end());
+    return 1000.0 * ms[kReps / 2] / copies;
+  }
+};
+
+RouterGemmTimer::RouterGemmTimer(const tuning::RouterGemmShape& shape, int max_m, uint64_t seed)
+    : impl_(std::make_unique<Impl>()) {
+  MK_CHECK(max_m >= 1, "RouterGemmTimer: expected max_m >= 1, got " << max_m);
+  MK_CHECK(shape.k > 0 && shape.n > 0,
+           "RouterGemmTimer: expected K, N > 0, got K=" << shape.k << " N=" << shape.n);
+  Impl& s = *impl_;
+  s.shape = shape;
+  s.max_m = max_m;
+  s.w_bytes = static_cast<size_t>(shape.n) * shape.k * dtype_size(shape.weight_dtype);
+  s.x_bytes = static_cast<size_t>(max_m) * shape.k * 2;
+  s.out_bytes = static_cast<size_t>(max_m) * shape.n * 4;
+  s.bias_bytes = shape.has_bias ? static_cast<size_t>(shape.n) * 4 : 0;
+  s.copy_stride = align256(s.w_bytes) + align256(s.x_bytes) + align256(s.out_bytes) +
+                  align256(s.bias_bytes);
+  const RouterGemmDeviceInfo info = router_gemm_device_info();
+  // why 2.5 x L2 of weights: every launch then finds its weights evicted, as in a decode step
+  // where the experts stream gigabytes between two router GEMMs. why at most 256 copies: graph
+  // instantiation grows with nodes; for gates under 2.5 x L2 / 256 (~0.6 MB on an H200, only
+  // Mixtral's) part of the rotation stays in L2, which favours cuBLAS and us alike.
+  constexpr int kMaxCopies = 256;
+  const double want = 2.5 * static_cast<double>(info.l2_bytes) / static_cast<double>(s.w_bytes);
+  s.copies = static_cast<int>(std::clamp(std::ceil(want), 2.0, static_cast<double>(kMaxCopies)));
+  s.pool = std::make_unique<DeviceBuffer>(s.copy_stride * s.copies);
+  for (int c = 0; c < s.copies; ++c) {
+    const RouterGemmProblem p = s.problem(c, max_m);
+    using random_values::Tensor;
+    const uint64_t key = random_values::stream_key(seed, c, Tensor::RouterWeight, -1);
+    // why 1/sqrt(K): keeps logits O(1), as a trained gate's are
+    const float scale = 1.0f / std::sqrt(static_cast<float>(shape.k));
+    fill_random_kernel<<<1024, 256, 0, s.stream.s>>>(const_cast<void*>(p.weight),
+                                                     s.w_bytes / dtype_size(shape.weight_dtype),
+                                                     shape.weight_dtype == DType::F32, key, scale);
+    MK_CUDA_CHECK_LAUNCH();
+    fill_random_kernel<<<1024, 256, 0, s.stream.s>>>(
+        const_cast<void*>(p.x), s.x_bytes / 2, false,
+        random_values::stream_key(seed, c, Tensor::Input, -1), 1.0f);
+    MK_CUDA_CHECK_LAUNCH();
+    if (shape.has_bias) {
+      fill_random_kernel<<<16, 256, 0, s.stream.s>>>(
+          const_cast<float*>(p.bias), shape.n, true,
+          random_values::stream_key(seed, c, Tensor::RouterBias, -1), 1.0f);
+      MK_CUDA_CHECK_LAUNCH();
+    }
+  }
+  MK_CUDA_CHECK(cudaEventCreate(&s.start));
+  MK_CUDA_CHECK(cudaEventCreate(&s.stop));
+  MK_CUDA_CHECK(cudaStreamSynchronize(s.stream.s));
+}
+
+RouterGemmTimer::~RouterGemmTimer() {
+  if (impl_) {
+    if (impl_->start != nullptr) MK_CUDA_WARN(cudaEventDestroy(impl_->start));
+    if (impl_->stop != nullptr) MK_CUDA_WARN(cudaEventDestroy(impl_->stop));
+  }
+}
+
+int RouterGemmTimer::copies() const { return impl_->copies; }
+
+double RouterGemmTimer::bytes(int m) const {
+  const Impl& s = *impl_;
+  return static_cast<double>(s.w_bytes) + static_cast<double>(m) * s.shape.k * 2 +
+         static_cast<double>(m) * s.shape.n * 4 + static_cast<double>(s.bias_bytes);
+}
+
+double RouterGemmTimer::time_config_us(const tuning::RouterGemmConfig& config, int m) {
+  Impl& s = *impl_;
+  MK_CHECK(m >= 1 && m <= s.max_m, "RouterGemmTimer: expected 1 <= m <= " << s.max_m << ", got " << m);
+  // Validate (and create cuBLAS state, fp32 staging) outside the capture.
+  router_gemm(s.problem(0, m), config, s.stream.s);
+  MK_CUDA_CHECK(cudaStreamSynchronize(s.stream.s));
+  return s.time_graph([&](int c) { router_gemm(s.problem(c, m), config, s.stream.s); });
+}
+
+double RouterGemmTimer::time_dispatch_us(int m) {
+  Impl& s = *impl_;
+  MK_CHECK(m >= 1 && m <= s.max_m, "RouterGemmTimer: expected 1 <= m <= " << s.max_m << ", got " << m);
+  router_gemm(s.problem(0, m), s.stream.s);
+  MK_CUDA_CHECK(cudaStreamSynchronize(s.stream.s));
+  return s.time_graph([&](int c) { router_gemm(s.problem(c, m), s.stream.s); });
+}
+
+double RouterGemmTimer::time_empty_us() {
+  Impl& s = *impl_;
+  return s.time_graph([&](int) {
+    empty_kernel<<<1, 32, 0, s.stream.s>>>();
+    MK_CUDA_CHECK_LAUNCH();
+  });
+}
+
+std::vector<float> RouterGemmTimer::run(const tuning::RouterGemmConfig& config, int m) {
+  Impl& s = *impl_;
+  MK_CHECK(m >= 1 && m <= s.max_m, "RouterGemmTimer: expected 1 <= m <= " << s.max_m << ", got " << m);
+  const RouterGemmProblem p = s.problem(0, m);
+  const size_t count = static_cast<size_t>(m) * s.shape.n;
+  fill_nan_kernel<<<64, 256, 0, s.stream.s>>>(p.out, count);
+  MK_CUDA_CHECK_LAUNCH();
+  router_gemm(p, config, s.stream.s);
+  std::vector<float> out(count);
+  MK_CUDA_CHECK(cudaMemcpyAsync(out.data(), p.out, count * sizeof(float), cudaMemcpyDeviceToHost,
+                                s.stream.s));
+  MK_CUDA_CHECK(cudaStreamSynchronize(s.stream.s));
+  return out;
+}
+
+}  // namespace moekit::cuda

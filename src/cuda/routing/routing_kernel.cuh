@@ -1,0 +1,252 @@
+// Routing kernel: fp32 router logits -> per-token top-k expert ids and weights, every mode of
+// DESIGN.md §1, with the fused shared slots appended (§2); the CTA that finishes last then runs
+// the dispatch (align.cuh) in the same launch, so decode needs no separate align kernel.
+//
+// Grid: ceil(T / kRoutingWarps) CTAs of kRoutingWarps warps; one warp per token. Lane l holds
+// experts l, l+32, ... (at most kPerLane = 16 of them, so E <= 512) as fp32 score and key.
+//
+//   score   softmax over the row (warp max / sum) | sigmoid | sqrt(softplus) | the logit itself
+//   key     score (+ correction bias)                                          selection only
+//   groups  n_group > 1: group score = top-2 key sum (with a bias) or max; the topk_group best
+//           groups are kept (ties -> lower group), the other keys become -inf (keys can be < 0)
+//   top-k   k rounds of a warp arg-max, ties -> lower expert id (as the CPU reference); a taken
+//           mask, not a sentinel key, removes picks, so -inf keys are still ordered by id
+//   weights from the unbiased score (softmax-of-topk: softmax over the k picked logits), summed
+//           in slot order, renormalised w / (sum + 1e-20), times routed_scaling_factor
+//   shared  slots E..E+S-1 appended with weight 1 or sigmoid(logit[E]) (gated), shared_scale[t]
+//
+// Numerics: fp32 throughout; expf/log1pf/sqrtf are the accurate (not fast-math) versions, so
+// keys match the CPU's float keys to an ulp: tie-free logits give identical ids. Weights agree
+// with the CPU's double weights to ~1e-6 relative. Non-finite logits are not checked here (the
+// host forward() rejects non-finite x); they would propagate as NaN weights.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/align/align.cuh"
+#include "cuda/routing/routing.h"
+
+namespace moekit::cuda::routing_detail {
+
+constexpr int kRoutingWarps = 16;
+constexpr int kRoutingThreads = kRoutingWarps * 32;
+constexpr int kPerLane = kRoutingMaxExperts / 32;
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// a before b: larger key, then lower id.
+__device__ __forceinline__ bool key_before(float ka, int ia, float kb, int ib) {
+  return ka > kb || (ka == kb && ia < ib);
+}
+
+// Warp arg-max of (key, id), ties -> lower id; every lane gets the winner. Also carries a value.
+__device__ __forceinline__ void warp_argmax(float& key, int& id, float& val) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float k2 = __shfl_xor_sync(0xffffffffu, key, off);
+    const int i2 = __shfl_xor_sync(0xffffffffu, id, off);
+    const float v2 = __shfl_xor_sync(0xffffffffu, val, off);
+    if (key_before(k2, i2, key, id)) {
+      key = k2;
+      id = i2;
+      val = v2;
+    }
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Elementwise unbiased score (not Softmax, which needs the row).
+__device__ __forceinline__ float score_of(Scoring scoring, float logit) {
+  switch (scoring) {
+    case Scoring::Sigmoid:
+      return 1.0f / (1.0f + expf(-logit));
+    case Scoring::SqrtSoftplus:
+      return sqrtf(fmaxf(logit, 0.0f) + log1pf(expf(-fabsf(logit))));
+    default:
+      return logit;
+  }
+}
+
+// One token on one warp: writes ids/weights of `token` (and its shared slots / scale).
+__device__ __forceinline__ void route_token(const RoutingParams& p, int token, int lane) {
+  const RoutingConfig& cfg = p.cfg;
+  const int num_e = cfg.num_experts;
+  const int slots = cfg.top_k + cfg.shared_slots;
+  const float* row = p.logits + static_cast<size_t>(token) * cfg.logits_columns;
+
+  // scores and keys
+  float score[kPerLane];
+  float key[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    score[i] = e < num_e ? row[e] : neg_inf();
+  }
+  if (cfg.scoring == Scoring::Softmax) {
+    float mx = neg_inf();
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) mx = fmaxf(mx, score[i]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      score[i] = e < num_e ? expf(score[i] - mx) : 0.0f;
+      sum += score[i];
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) score[i] = score[i] / sum;
+  } else if (cfg.scoring != Scoring::SoftmaxOfTopk) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) score[i] = score_of(cfg.scoring, score[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    float k = score[i];
+    if (cfg.has_correction_bias && e < num_e) k += p.correction_bias[e];
+    key[i] = e < num_e ? k : neg_inf();
+  }
+
+  // grouped top-k: keep the topk_group best groups, -inf the rest
+  if (cfg.n_group > 1) {
+    const int per_group = num_e / cfg.n_group;
+    float my_group_score = neg_inf();  // lane g holds group g's score
+    for (int g = 0; g < cfg.n_group; ++g) {
+      float t1 = neg_inf(), t2 = neg_inf();
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int e = lane + 32 * i;
+        if (e < num_e && e / per_group == g) {
+          const float v = key[i];
+          if (v > t1) {
+            t2 = t1;
+            t1 = v;
+          } else if (v > t2) {
+            t2 = v;
+          }
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        const float o1 = __shfl_xor_sync(0xffffffffu, t1, off);
+        const float o2 = __shfl_xor_sync(0xffffffffu, t2, off);
+        const float hi = fmaxf(t1, o1);
+        const float lo = fmaxf(fminf(t1, o1), fmaxf(t2, o2));
+        t1 = hi;
+        t2 = lo;
+      }
+      const float gs = cfg.group_score_top2_sum ? t1 + t2 : t1;
+      if (lane == g) my_group_score = gs;
+    }
+    uint32_t kept = 0;
+    uint32_t taken_groups = 0;
+    for (int j = 0; j < cfg.topk_group; ++j) {
+      float k = (lane < cfg.n_group && !((taken_groups >> lane) & 1u)) ? my_group_score : neg_inf();
+      int id = (lane < cfg.n_group && !((taken_groups >> lane) & 1u)) ? lane : 0x7fffffff;
+      float unused = 0.0f;
+      warp_argmax(k, id, unused);
+      taken_groups |= 1u << id;
+      kept |= 1u << id;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < num_e && !((kept >> (e / per_group)) & 1u)) key[i] = neg_inf();
+    }
+  }
+
+  // top-k selection; lane j keeps pick j
+  uint32_t taken = 0;
+  int my_id = 0;
+  float my_score = 0.0f;
+  for (int j = 0; j < cfg.top_k; ++j) {
+    float best_k = neg_inf();
+    int best_id = 0x7fffffff;
+    float best_s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < num_e && !((taken >> i) & 1u) && key_before(key[i], e, best_k, best_id)) {
+        best_k = key[i];
+        best_id = e;
+        best_s = score[i];
+      }
+    }
+    warp_argmax(best_k, best_id, best_s);
+    if ((best_id & 31) == lane) taken |= 1u << (best_id >> 5);
+    if (lane == j) {
+      my_id = best_id;
+      my_score = best_s;
+    }
+  }
+
+  // weights, in slot order
+  const bool is_pick = lane < cfg.top_k;
+  float w = is_pick ? my_score : 0.0f;
+  if (cfg.scoring == Scoring::SoftmaxOfTopk) {
+    const float top = __shfl_sync(0xffffffffu, my_score, 0);  // pick 0 has the largest logit
+    w = is_pick ? expf(my_score - top) : 0.0f;
+    float denom = 0.0f;
+    for (int j = 0; j < cfg.top_k; ++j) denom += __shfl_sync(0xffffffffu, w, j);
+    w = w / denom;
+  }
+  if (cfg.renormalize) {
+    float sum = 0.0f;
+    for (int j = 0; j < cfg.top_k; ++j) sum += __shfl_sync(0xffffffffu, w, j);
+    w = w / (sum + 1e-20f);
+  }
+  w *= cfg.routed_scaling_factor;
+
+  int32_t* ids = p.ids + static_cast<size_t>(token) * slots;
+  float* weights = p.weights + static_cast<size_t>(token) * slots;
+  if (is_pick) {
+    ids[lane] = my_id;
+    weights[lane] = w;
+  }
+  if (cfg.shared_kind != SharedKind::None) {
+    const float scale =
+        cfg.shared_kind == SharedKind::Gated ? 1.0f / (1.0f + expf(-row[num_e])) : 1.0f;
+    if (lane >= cfg.top_k && lane < slots) {
+      ids[lane] = num_e + (lane - cfg.top_k);
+      weights[lane] = scale;
+    }
+    if (lane == 0 && p.shared_scale != nullptr) p.shared_scale[token] = scale;
+  }
+}
+
+__global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingParams p) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int token = blockIdx.x * kRoutingWarps + warp;
+  if (token < p.tokens) route_token(p, token, lane);
+
+  // The last CTA to finish sees every token's ids and builds the dispatch lists.
+  __shared__ bool is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(&p.counters->routing_done, 1);
+    is_last = done == static_cast<int>(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  align_detail::align_block(p);
+}
+
+}  // namespace moekit::cuda::routing_detail

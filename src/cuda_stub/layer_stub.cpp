@@ -1,0 +1,60 @@
+// The public moekit::cuda layer API in a build without CUDA: available() says why, every other
+// entry point throws "moekit was built without CUDA", so callers link and fail clearly at run time.
+#include "moekit/cuda_layer.h"
+#include "moekit/error.h"
+
+namespace moekit::cuda {
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  MK_FAIL(what << ": moekit was built without CUDA (configure with -DMOEKIT_CUDA=ON)");
+}
+}  // namespace
+
+bool available(std::string* why) {
+  if (why) *why = "moekit was built without CUDA (configure with -DMOEKIT_CUDA=ON)";
+  return false;
+}
+
+struct GpuMoeLayer::Impl {};
+
+GpuMoeLayer::GpuMoeLayer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuMoeLayer::~GpuMoeLayer() = default;
+
+std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create(const LayerWeights&, const GpuLayerOptions&) {
+  no_cuda("GpuMoeLayer::create");
+}
+std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create_random(const MoeSpec&, int, uint64_t,
+                                                        const GpuLayerOptions&) {
+  no_cuda("GpuMoeLayer::create_random");
+}
+const MoeSpec& GpuMoeLayer::spec() const { no_cuda("GpuMoeLayer::spec"); }
+int GpuMoeLayer::layer() const { no_cuda("GpuMoeLayer::layer"); }
+int GpuMoeLayer::max_tokens() const { no_cuda("GpuMoeLayer::max_tokens"); }
+size_t GpuMoeLayer::weight_bytes() const { no_cuda("GpuMoeLayer::weight_bytes"); }
+size_t GpuMoeLayer::workspace_bytes() const { no_cuda("GpuMoeLayer::workspace_bytes"); }
+bool GpuMoeLayer::resolve_fused(FuseShared, int) const { no_cuda("GpuMoeLayer::resolve_fused"); }
+ForwardResult GpuMoeLayer::forward(const Bf16*, int, FuseShared) {
+  no_cuda("GpuMoeLayer::forward");
+}
+void GpuMoeLayer::forward_device(const void*, void*, int, FuseShared, CUstream_st*) {
+  no_cuda("GpuMoeLayer::forward_device");
+}
+void GpuMoeLayer::forward_device(const void*, void*, int, CUstream_st*) {
+  no_cuda("GpuMoeLayer::forward_device");
+}
+LaunchCount GpuMoeLayer::count_launches(int, bool) { no_cuda("GpuMoeLayer::count_launches"); }
+
+std::vector<float> GpuMoeLayer::last_logits(int) const { no_cuda("GpuMoeLayer::last_logits"); }
+Routing route_on_device(const RoutingConfig&, const float*, int, const float*, int, GpuDispatch*) {
+  no_cuda("cuda::route_on_device");
+}
+
+ForwardResult forward_once(const LayerWeights&, const Bf16*, int, FuseShared) {
+  no_cuda("cuda::forward_once");
+}
+
+std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions&, bool) { no_cuda("bench_layer"); }
+double measure_read_bandwidth(size_t, int) { no_cuda("measure_read_bandwidth"); }
+
+}  // namespace moekit::cuda

@@ -1,0 +1,534 @@
+// load_checkpoint_weights: one MoE layer of a published checkpoint in moekit's layout.
+//
+// At load: resolve the naming (the spec family's first, then every other, under each known layer
+// prefix: the first naming whose router tensor exists wins), then look up and check every tensor
+// the layer needs - shape, dtype, fp8 block scale - reading headers only. Router, biases and the
+// shared MLP are read now (small, always used). A routed expert is read on its first expert(e)
+// call: bf16 data that is already in moekit's layout (a per-expert down_proj, a stacked
+// gate_up_proj slice) is used in place in the mapping, so its pages come from disk only when a
+// kernel touches them; anything else (gate and up in separate tensors, F16/F32/F8 storage, gpt-oss
+// transposed or MXFP4 layouts) is converted into an owned bf16 buffer once.
+//
+// Router dtype: kept bf16 when both the checkpoint and the spec say bf16, otherwise widened to
+// fp32 (exact), so an fp32 router is never rounded and a bf16 router never loses anything.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint_dir.h"
+#include "io/checkpoint_names.h"
+#include "io/lazy_experts.h"
+#include "io/tensor_convert.h"
+#include "moekit/checkpoint.h"
+#include "moekit/error.h"
+#include "moekit/weights.h"
+
+namespace moekit {
+namespace {
+
+using io::TensorRef;
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string quoted_list(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", '" : "'") + v[i] + "'";
+  return out;
+}
+
+// A [rows, cols] matrix inside a tensor: the whole 2-D tensor, or expert e of a stacked one.
+struct MatrixSrc {
+  TensorRef w;
+  size_t offset = 0;  // elements before the matrix
+  size_t rows = 0, cols = 0;
+  DType dtype = DType::BF16;
+  bool fp4 = false;  // packed e2m1, two per byte: offset counts bytes
+  TensorRef scale;  // F8_E4M3: [ceil(rows/128), ceil(cols/128)]; fp4: [rows, cols/32]
+  size_t scale_offset = 0;
+};
+
+// Pointer into the mapping when the matrix is bf16 and 2-byte aligned, else null.
+const Bf16* direct_bf16(const MatrixSrc& m) {
+  if (m.fp4 || m.dtype != DType::BF16) return nullptr;
+  const uint8_t* p = static_cast<const uint8_t*>(m.w.file->data(m.w.name())) + m.offset * 2;
+  if (reinterpret_cast<uintptr_t>(p) % alignof(Bf16) != 0) return nullptr;
+  return reinterpret_cast<const Bf16*>(p);
+}
+
+void read_bf16(const MatrixSrc& m, Bf16* out) {
+  if (m.fp4) {
+    const uint8_t* blocks = static_cast<const uint8_t*>(m.w.file->raw_data(m.w.name())) + m.offset;
+    const void* scale = m.scale.file->raw_data(m.scale.name());
+    const std::string& sd = m.scale.info->dtype_name;
+    const size_t groups = m.cols / io::kMxBlock;
+    std::vector<float> row(m.cols);
+    std::vector<float> scales(groups);
+    for (size_t r = 0; r < m.rows; ++r) {
+      for (size_t g = 0; g < groups; ++g)
+        scales[g] = io::scale_value(sd, scale, m.scale_offset + r * groups + g, m.scale.where());
+      io::decode_mxfp4_row(blocks + r * m.cols / 2, scales.data(), groups, row.data());
+      for (size_t c = 0; c < m.cols; ++c) out[r * m.cols + c] = float_to_bf16(row[c]);
+    }
+    return;
+  }
+  const uint8_t* base = static_cast<const uint8_t*>(m.w.file->data(m.w.name()));
+  const size_t count = m.rows * m.cols;
+  if (m.dtype == DType::F8_E4M3) {
+    io::dequant_fp8_block(base + m.offset, m.rows, m.cols, m.scale.info->dtype_name,
+                          m.scale.file->raw_data(m.scale.name()), m.scale_offset, out,
+                          m.scale.where());
+    return;
+  }
+  io::convert_to_bf16(m.dtype, base + m.offset * dtype_size(m.dtype), count, out);
+}
+
+// Rows [0, rows) of a float tensor region, as fp32.
+void read_f32(const TensorRef& t, size_t offset, size_t count, float* out) {
+  const DType d = t.file->dtype(t.name());
+  io::convert_to_f32(d, static_cast<const uint8_t*>(t.file->data(t.name())) + offset * dtype_size(d),
+                     count, out);
+}
+
+enum class ExpertForm { PerExpert, Stacked, GptOssDense, GptOssMxfp4 };
+
+const char* form_name(ExpertForm f) {
+  switch (f) {
+    case ExpertForm::PerExpert:
+      return "per-expert";
+    case ExpertForm::Stacked:
+      return "stacked";
+    case ExpertForm::GptOssDense:
+      return "gpt-oss fused";
+    case ExpertForm::GptOssMxfp4:
+      return "gpt-oss mxfp4";
+  }
+  return "?";
+}
+
+// Finds and checks one layer's tensors; every message names the tensor, what was expected and
+// what the checkpoint holds.
+class LayerTensors {
+ public:
+  LayerTensors(io::CheckpointDir& dir, const MoeSpec& spec, int layer, io::NameScheme scheme,
+               std::string prefix)
+      : dir_(dir), spec_(spec), layer_(layer), s_(std::move(scheme)), prefix_(std::move(prefix)) {}
+
+  const io::NameScheme& scheme() const { return s_; }
+  std::string full(const std::string& rel, int expert = -1) const {
+    return prefix_ + io::expand(rel, layer_, expert);
+  }
+  bool has(const std::string& rel, int expert = -1) const { return dir_.has(full(rel, expert)); }
+
+  TensorRef require(const std::string& rel, const std::vector<int64_t>& shape,
+                    const std::string& what, int expert = -1) {
+    const std::string name = full(rel, expert);
+    TensorRef t = dir_.find(name);
+    MK_CHECK(t, "checkpoint " << dir_.path() << " has no tensor '" << name << "' (" << what
+                              << " of layer " << layer_ << " of " << spec_.name << ", "
+                              << checkpoint_naming_name(s_.naming) << " naming)");
+    MK_CHECK(t.shape() == shape, "checkpoint tensor " << t.where() << ": expected shape "
+                                                      << shape_str(shape) << " (" << what
+                                                      << "), got " << shape_str(t.shape()));
+    return t;
+  }
+
+  // A float tensor (BF16, F16 or F32) with the given shape.
+  TensorRef require_float(const std::string& rel, const std::vector<int64_t>& shape,
+                          const std::string& what) {
+    TensorRef t = require(rel, shape, what);
+    const auto& info = *t.info;
+    MK_CHECK(info.dtype_supported && info.dtype != DType::F8_E4M3,
+             "checkpoint tensor " << t.where() << " (" << what << "): expected dtype BF16, F16 or "
+                                  << "F32, got " << info.dtype_name);
+    return t;
+  }
+
+  TensorRef require_u8(const std::string& rel, const std::vector<int64_t>& shape,
+                       const std::string& what) {
+    TensorRef t = require(rel, shape, what);
+    MK_CHECK(t.info->dtype_name == "U8", "checkpoint tensor " << t.where() << " (" << what
+                                                              << "): expected dtype U8, got "
+                                                              << t.info->dtype_name);
+    return t;
+  }
+
+  // A [rows, cols] weight (or `stack` of them, taking number `index`): BF16/F16/F32, F8_E4M3
+  // with a 128x128 block scale, or packed FP4 e2m1 (I8/U8 [rows, cols/2], low nibble first, as
+  // DeepSeek-V4 publishes its experts) with a 1x32 e8m0 scale [rows, cols/32].
+  MatrixSrc matrix(const std::string& rel, size_t rows, size_t cols, const std::string& what,
+                   int expert = -1, int stack = 0, int index = 0) {
+    std::vector<int64_t> lead;
+    if (stack > 0) lead.push_back(stack);
+    auto with = [&](size_t r, size_t c) {
+      std::vector<int64_t> v = lead;
+      v.push_back(static_cast<int64_t>(r));
+      v.push_back(static_cast<int64_t>(c));
+      return v;
+    };
+    const std::string name = full(rel, expert);
+    MatrixSrc m;
+    m.rows = rows;
+    m.cols = cols;
+    m.w = dir_.find(name);
+    const bool packed_fp4 = m.w && (m.w.info->dtype_name == "I8" || m.w.info->dtype_name == "U8") &&
+                            cols % io::kMxBlock == 0 && m.w.shape() == with(rows, cols / 2);
+    if (packed_fp4) {
+      m.fp4 = true;
+      m.offset = static_cast<size_t>(index) * rows * cols / 2;
+      m.scale = find_scale(m.w, with(rows, cols / io::kMxBlock), what, "1x32 blocks");
+      m.scale_offset = static_cast<size_t>(index) * rows * (cols / io::kMxBlock);
+      return m;
+    }
+    m.w = require(rel, with(rows, cols), what, expert);
+    m.offset = static_cast<size_t>(index) * rows * cols;
+    const auto& info = *m.w.info;
+    MK_CHECK(info.dtype_supported, "checkpoint tensor " << m.w.where() << " (" << what
+                                                        << "): expected dtype BF16, F16, F32 or "
+                                                           "F8_E4M3, got "
+                                                        << info.dtype_name);
+    m.dtype = info.dtype;
+    if (m.dtype == DType::F8_E4M3) {
+      const size_t rb = io::ceil_div(rows, io::kFp8Block), kb = io::ceil_div(cols, io::kFp8Block);
+      m.scale = find_scale(m.w, with(rb, kb), what, "128x128 blocks");
+      m.scale_offset = static_cast<size_t>(index) * rb * kb;
+    }
+    return m;
+  }
+
+ private:
+  TensorRef find_scale(const TensorRef& w, const std::vector<int64_t>& shape,
+                       const std::string& what, const char* blocks) {
+    const std::vector<std::string> candidates = io::scale_names(w.name());
+    TensorRef scale;
+    for (const std::string& sn : candidates) {
+      if ((scale = dir_.find(sn))) break;
+    }
+    MK_CHECK(scale, "checkpoint tensor " << w.where() << " (" << what << ") is "
+                                         << w.info->dtype_name
+                                         << " but has no block scale: tried "
+                                         << quoted_list(candidates));
+    MK_CHECK(scale.shape() == shape, "checkpoint tensor " << scale.where() << " (block scale of "
+                                                          << what << "): expected shape "
+                                                          << shape_str(shape) << " (" << blocks
+                                                          << "), got " << shape_str(scale.shape()));
+    MK_CHECK(io::is_scale_dtype(scale.info->dtype_name),
+             "checkpoint tensor " << scale.where() << " (block scale of " << what
+                                  << "): expected dtype F32, BF16, F16 or F8_E8M0, got "
+                                  << scale.info->dtype_name);
+    return scale;
+  }
+
+  io::CheckpointDir& dir_;
+  const MoeSpec& spec_;
+  int layer_;
+  io::NameScheme s_;
+  std::string prefix_;
+};
+
+class CheckpointLayerWeights final : public LayerWeights {
+ public:
+  CheckpointLayerWeights(const MoeSpec& spec, int layer, const std::string& path)
+      : LayerWeights(spec, layer),
+        dir_(path),
+        experts_(spec.num_experts + spec.shared_slots(),
+                 [this](int e, io::ExpertStorage& out) { build(e, out); }) {
+    LayerTensors t = resolve();
+    const io::NameScheme& s = t.scheme();
+    const int64_t E = spec.num_experts, H = spec.hidden, I = spec.expert_intermediate;
+    const int64_t Is = spec.shared_intermediate;
+    naming_ = s.naming;
+
+    load_router(t);
+
+    // Experts: which form, then every expert's tensors checked now (headers only).
+    if (s.interleaved) {
+      if (t.has(s.stacked_gate_up)) {
+        form_ = ExpertForm::GptOssDense;
+        gate_up_ = t.require_float(s.stacked_gate_up, {E, H, 2 * I}, "fused gate/up, E x H x 2I");
+        down_ = t.require_float(s.stacked_down, {E, I, H}, "fused down, E x I x H");
+      } else if (t.has(s.stacked_gate_up + "_blocks")) {
+        form_ = ExpertForm::GptOssMxfp4;
+        MK_CHECK(H % io::kMxBlock == 0 && I % io::kMxBlock == 0,
+                 "MXFP4 experts need hidden and intermediate sizes divisible by 32, got H = "
+                     << H << ", I = " << I);
+        gate_up_ = t.require_u8(s.stacked_gate_up + "_blocks", {E, 2 * I, H / 32, 16},
+                                "MXFP4 gate/up blocks, E x 2I x H/32 x 16");
+        gate_up_scales_ = t.require_u8(s.stacked_gate_up + "_scales", {E, 2 * I, H / 32},
+                                       "MXFP4 gate/up scales, E x 2I x H/32");
+        down_ = t.require_u8(s.stacked_down + "_blocks", {E, H, I / 32, 16},
+                             "MXFP4 down blocks, E x H x I/32 x 16");
+        down_scales_ = t.require_u8(s.stacked_down + "_scales", {E, H, I / 32},
+                                    "MXFP4 down scales, E x H x I/32");
+      } else {
+        MK_FAIL("checkpoint " << dir_.path() << " has no experts for layer " << layer << " of "
+                              << spec.name << ": tried '" << t.full(s.stacked_gate_up) << "' and '"
+                              << t.full(s.stacked_gate_up + "_blocks") << "'");
+      }
+      if (spec.has_expert_bias) {
+        gate_up_bias_ = t.require_float(s.stacked_gate_up_bias, {E, 2 * I}, "gate/up bias, E x 2I");
+        down_bias_ = t.require_float(s.stacked_down_bias, {E, H}, "down bias, E x H");
+      }
+    } else if (!s.expert_gate.empty() && t.has(s.expert_gate, 0)) {
+      form_ = ExpertForm::PerExpert;
+      per_expert_.reserve(E);
+      for (int e = 0; e < E; ++e) {
+        PerExpertSrc src;
+        src.gate = t.matrix(s.expert_gate, I, H, "expert gate_proj, I x H", e);
+        src.up = t.matrix(s.expert_up, I, H, "expert up_proj, I x H", e);
+        src.down = t.matrix(s.expert_down, H, I, "expert down_proj, H x I", e);
+        per_expert_.push_back(std::move(src));
+      }
+    } else if (t.has(s.stacked_gate_up)) {
+      form_ = ExpertForm::Stacked;
+      for (int e = 0; e < E; ++e) {
+        PerExpertSrc src;
+        src.gate = t.matrix(s.stacked_gate_up, 2 * I, H, "stacked gate_up_proj, E x 2I x H", -1,
+                            static_cast<int>(E), e);
+        src.down = t.matrix(s.stacked_down, H, I, "stacked down_proj, E x H x I", -1,
+                            static_cast<int>(E), e);
+        per_expert_.push_back(std::move(src));
+      }
+    } else {
+      MK_FAIL("checkpoint " << dir_.path() << " has no experts for layer " << layer << " of "
+                            << spec.name << ": tried '" << t.full(s.expert_gate, 0) << "' and '"
+                            << t.full(s.stacked_gate_up) << "'");
+    }
+
+    // Shared MLP, read now: every token uses it.
+    if (spec.shared_kind != SharedKind::None) {
+      MK_CHECK(!s.shared_gate.empty(), "spec " << spec.name << " has a shared expert, but the "
+                                               << checkpoint_naming_name(s.naming)
+                                               << " naming has none");
+      const size_t h = H, is = Is;
+      shared_w13_.resize(2 * is * h);
+      shared_w2_.resize(h * is);
+      read_bf16(t.matrix(s.shared_gate, is, h, "shared gate_proj, Is x H"), shared_w13_.data());
+      read_bf16(t.matrix(s.shared_up, is, h, "shared up_proj, Is x H"),
+                shared_w13_.data() + is * h);
+      read_bf16(t.matrix(s.shared_down, h, is, "shared down_proj, H x Is"), shared_w2_.data());
+    }
+  }
+
+  ExpertView expert(int e) const override { return experts_.get(e); }
+  int materialised_experts() const override { return experts_.materialised(); }
+  std::string origin() const override {
+    return "checkpoint " + dir_.path() + " (" + checkpoint_naming_name(naming_) + " naming, " +
+           form_name(form_) + " experts)";
+  }
+
+ private:
+  struct PerExpertSrc {
+    MatrixSrc gate, up, down;  // Stacked: gate holds the whole [2I, H] gate_up slice
+  };
+
+  // The first naming (spec family's first), block and layer prefix whose router tensor exists.
+  LayerTensors resolve() {
+    std::vector<CheckpointNaming> order = {checkpoint_naming_for(spec_)};
+    for (CheckpointNaming n :
+         {CheckpointNaming::HfMlp, CheckpointNaming::Qwen2Moe, CheckpointNaming::Mixtral,
+          CheckpointNaming::MiniMax, CheckpointNaming::DeepSeekV4, CheckpointNaming::GptOss}) {
+      if (n != order[0]) order.push_back(n);
+    }
+    std::vector<std::string> tried;
+    for (CheckpointNaming n : order) {
+      for (const std::string& block : io::block_candidates(n)) {
+        io::NameScheme s = io::name_scheme(n, block);
+        for (const std::string& p : io::layer_prefix_candidates()) {
+          const std::string prefix = io::expand(p, layer_);
+          if (dir_.has(prefix + s.router)) return LayerTensors(dir_, spec_, layer_, s, prefix);
+          if (n == order[0]) tried.push_back(prefix + s.router);
+        }
+      }
+    }
+    const std::string layer_fragment = "layers." + std::to_string(layer_) + ".";
+    std::vector<std::string> seen = dir_.names_like(layer_fragment, 6);
+    if (seen.empty()) seen = dir_.names_like("", 6);
+    MK_FAIL("checkpoint " << dir_.path() << " has no router for layer " << layer_ << " of "
+                          << spec_.name << ": tried " << quoted_list(tried)
+                          << " and the other families' names; it holds " << dir_.tensor_count()
+                          << " tensors, e.g. " << quoted_list(seen));
+  }
+
+  void load_router(LayerTensors& t) {
+    const io::NameScheme& s = t.scheme();
+    const int64_t E = spec_.num_experts, H = spec_.hidden;
+    const size_t h = H;
+    TensorRef router = t.require_float(s.router, {E, H}, "router weight, E x H");
+    TensorRef shared_gate;
+    if (spec_.shared_kind == SharedKind::Gated) {
+      MK_CHECK(!s.shared_expert_gate.empty(),
+               "spec " << spec_.name << " has a gated shared expert, but the "
+                       << checkpoint_naming_name(s.naming) << " naming has no shared-expert gate");
+      shared_gate = t.require_float(s.shared_expert_gate, {1, H}, "shared expert gate, 1 x H");
+    }
+    bool keep_bf16 = spec_.router_dtype == DType::BF16 && router.info->dtype == DType::BF16;
+    if (shared_gate && shared_gate.info->dtype != DType::BF16) keep_bf16 = false;
+    spec_.router_dtype = keep_bf16 ? DType::BF16 : DType::F32;
+    const size_t rows = spec_.router_columns();
+    if (keep_bf16) {
+      router_weight_.resize(rows * h * 2);
+      Bf16* out = reinterpret_cast<Bf16*>(router_weight_.data());
+      std::memcpy(out, router.file->data(router.name()), E * h * 2);
+      if (shared_gate) std::memcpy(out + E * h, shared_gate.file->data(shared_gate.name()), h * 2);
+    } else {
+      router_weight_.resize(rows * h * 4);
+      float* out = reinterpret_cast<float*>(router_weight_.data());
+      read_f32(router, 0, E * h, out);
+      if (shared_gate) read_f32(shared_gate, 0, h, out + E * h);
+    }
+
+    if (spec_.has_correction_bias) {
+      MK_CHECK(!s.correction_bias.empty(),
+               "spec " << spec_.name << " uses a correction bias, but the "
+                       << checkpoint_naming_name(s.naming) << " naming has none");
+      if (!t.has(s.correction_bias) && t.has(s.block + "gate.tid2eid")) {
+        MK_FAIL("layer " << layer_ << " of " << spec_.name << " in " << dir_.path()
+                         << " is hash-routed ('" << t.full(s.block + "gate.tid2eid")
+                         << "', no score bias; num_hash_layers = " << spec_.num_hash_layers
+                         << "): moekit runs the score-routed layers only");
+      }
+      TensorRef b = t.require_float(s.correction_bias, {E}, "e_score_correction_bias, E");
+      correction_bias_.resize(E);
+      read_f32(b, 0, E, correction_bias_.data());
+    }
+    if (spec_.has_router_bias) {
+      MK_CHECK(!s.router_bias.empty(), "spec " << spec_.name << " has a router bias, but the "
+                                               << checkpoint_naming_name(s.naming)
+                                               << " naming has none");
+      TensorRef b = t.require_float(s.router_bias, {E}, "router bias, E");
+      router_bias_.resize(E);
+      read_f32(b, 0, E, router_bias_.data());
+    }
+  }
+
+  void build(int e, io::ExpertStorage& out) const {
+    if (e >= spec_.num_experts) {
+      io::repack_shared_slot(spec_, shared_w13(), shared_w2(), e - spec_.num_experts, out);
+      return;
+    }
+    const size_t H = spec_.hidden, I = spec_.expert_intermediate;
+    switch (form_) {
+      case ExpertForm::PerExpert: {
+        const PerExpertSrc& src = per_expert_[e];
+        out.w13.resize(2 * I * H);
+        read_bf16(src.gate, out.w13.data());
+        read_bf16(src.up, out.w13.data() + I * H);
+        if (!(out.view.w2 = direct_bf16(src.down))) {
+          out.w2.resize(H * I);
+          read_bf16(src.down, out.w2.data());
+        }
+        break;
+      }
+      case ExpertForm::Stacked: {
+        const PerExpertSrc& src = per_expert_[e];
+        if (!(out.view.w13 = direct_bf16(src.gate))) {
+          out.w13.resize(2 * I * H);
+          read_bf16(src.gate, out.w13.data());
+        }
+        if (!(out.view.w2 = direct_bf16(src.down))) {
+          out.w2.resize(H * I);
+          read_bf16(src.down, out.w2.data());
+        }
+        break;
+      }
+      case ExpertForm::GptOssDense:
+        build_gpt_oss_dense(e, out);
+        break;
+      case ExpertForm::GptOssMxfp4:
+        build_gpt_oss_mxfp4(e, out);
+        break;
+    }
+    if (spec_.has_expert_bias && gate_up_bias_) {
+      // gate_up_proj_bias is interleaved like the gate_up columns: gate even, up odd.
+      std::vector<float> b(2 * I);
+      read_f32(gate_up_bias_, e * 2 * I, 2 * I, b.data());
+      out.b13.resize(2 * I);
+      for (size_t i = 0; i < I; ++i) {
+        out.b13[i] = b[2 * i];
+        out.b13[I + i] = b[2 * i + 1];
+      }
+      out.b2.resize(H);
+      read_f32(down_bias_, e * H, H, out.b2.data());
+    }
+    out.view_owned();
+  }
+
+  // gate_up [E, H, 2I] used as x . W: w13[i][h] = W[h][2i] (gate), w13[I+i][h] = W[h][2i+1] (up);
+  // down [E, I, H]: w2[h][i] = D[i][h].
+  void build_gpt_oss_dense(int e, io::ExpertStorage& out) const {
+    const size_t H = spec_.hidden, I = spec_.expert_intermediate;
+    out.w13.resize(2 * I * H);
+    std::vector<float> row(2 * I);
+    for (size_t h = 0; h < H; ++h) {
+      read_f32(gate_up_, (e * H + h) * 2 * I, 2 * I, row.data());
+      for (size_t i = 0; i < I; ++i) {
+        out.w13[i * H + h] = float_to_bf16(row[2 * i]);
+        out.w13[(I + i) * H + h] = float_to_bf16(row[2 * i + 1]);
+      }
+    }
+    out.w2.resize(H * I);
+    row.resize(H);
+    for (size_t i = 0; i < I; ++i) {
+      read_f32(down_, (e * I + i) * H, H, row.data());
+      for (size_t h = 0; h < H; ++h) out.w2[h * I + i] = float_to_bf16(row[h]);
+    }
+  }
+
+  // MXFP4 blocks decode to [E, 2I, H] (rows interleaved gate/up, before transformers' transpose
+  // to [E, H, 2I]) and [E, H, I] (already moekit's w2 layout).
+  void build_gpt_oss_mxfp4(int e, io::ExpertStorage& out) const {
+    const size_t H = spec_.hidden, I = spec_.expert_intermediate;
+    const uint8_t* gb = static_cast<const uint8_t*>(gate_up_.file->raw_data(gate_up_.name()));
+    const uint8_t* gs =
+        static_cast<const uint8_t*>(gate_up_scales_.file->raw_data(gate_up_scales_.name()));
+    const uint8_t* db = static_cast<const uint8_t*>(down_.file->raw_data(down_.name()));
+    const uint8_t* ds =
+        static_cast<const uint8_t*>(down_scales_.file->raw_data(down_scales_.name()));
+    const size_t gh = H / io::kMxBlock, gi = I / io::kMxBlock;
+    out.w13.resize(2 * I * H);
+    std::vector<float> row(std::max(H, I)), scales(std::max(gh, gi));
+    auto decode = [&](const uint8_t* blocks, const uint8_t* e8m0, size_t groups) {
+      for (size_t g = 0; g < groups; ++g) scales[g] = io::e8m0_value(e8m0[g]);
+      io::decode_mxfp4_row(blocks, scales.data(), groups, row.data());
+    };
+    for (size_t r = 0; r < 2 * I; ++r) {
+      const size_t global = e * 2 * I + r;
+      decode(gb + global * gh * 16, gs + global * gh, gh);
+      Bf16* dst = out.w13.data() + ((r % 2 ? I : 0) + r / 2) * H;
+      for (size_t h = 0; h < H; ++h) dst[h] = float_to_bf16(row[h]);
+    }
+    out.w2.resize(H * I);
+    for (size_t h = 0; h < H; ++h) {
+      const size_t global = e * H + h;
+      decode(db + global * gi * 16, ds + global * gi, gi);
+      for (size_t i = 0; i < I; ++i) out.w2[h * I + i] = float_to_bf16(row[i]);
+    }
+  }
+
+  io::CheckpointDir dir_;
+  CheckpointNaming naming_ = CheckpointNaming::HfMlp;
+  ExpertForm form_ = ExpertForm::PerExpert;
+  std::vector<PerExpertSrc> per_expert_;
+  TensorRef gate_up_, down_, gate_up_scales_, down_scales_, gate_up_bias_, down_bias_;
+  io::LazyExperts experts_;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerWeights> load_checkpoint_weights(const MoeSpec& spec, int layer,
+                                                      const std::string& dir) {
+  MK_CHECK(spec.hidden > 0 && spec.num_experts > 0 && spec.expert_intermediate > 0,
+           "spec " << spec.name << " has an empty MoE block");
+  MK_CHECK(spec.is_moe_layer(layer), "layer " << layer << " of " << spec.name
+                                              << " is not an MoE layer");
+  return std::make_unique<CheckpointLayerWeights>(spec, layer, dir);
+}
+
+}  // namespace moekit

@@ -1,0 +1,125 @@
+// What every LayerWeights source shares: prefetching experts in parallel, repacking the shared
+// MLP into fused slots, and the host-memory estimate that lets the CLI refuse a run up front
+// instead of being killed by the OOM killer half-way through a 22 GB layer.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "io/lazy_experts.h"
+#include "moekit/error.h"
+#include "moekit/weights.h"
+
+namespace moekit {
+
+void LayerWeights::prefetch(const std::vector<int>& experts) const {
+  if (experts.empty()) return;
+  // Materialising an expert is a fill or a page-in plus conversion of ~10-90 MB: spread the
+  // experts over the cores. Each expert is still built once (LazyExperts' once_flag).
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t workers = std::min<size_t>(experts.size(), hw);
+  if (workers == 1) {
+    for (int e : experts) expert(e);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::exception_ptr first_error;
+  std::mutex error_mutex;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < experts.size();) {
+      try {
+        expert(experts[i]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t + 1 < workers; ++t) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+size_t host_bytes_needed(const MoeSpec& spec, int tokens, bool fused) {
+  MK_CHECK(tokens >= 0, "expected tokens >= 0, got " << tokens);
+  const size_t routed = std::min<size_t>(static_cast<size_t>(spec.num_experts),
+                                         static_cast<size_t>(tokens) * spec.top_k);
+  const size_t slots = fused ? static_cast<size_t>(spec.shared_slots()) : 0;
+  // Biases are fp32: router/correction bias [E], expert biases [2I + H] per expert.
+  const size_t expert_bias =
+      spec.has_expert_bias ? (2 * static_cast<size_t>(spec.expert_intermediate) + spec.hidden) * 4
+                           : 0;
+  return spec.router_bytes() + spec.shared_bytes() + 2 * static_cast<size_t>(spec.num_experts) * 4 +
+         (routed + slots) * (spec.expert_bytes() + expert_bias);
+}
+
+namespace {
+
+// MemAvailable from /proc/meminfo in bytes, or 0 when it cannot be read (not Linux).
+size_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    unsigned long long kb = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kb) == 1) return kb * 1024;
+  }
+  return 0;
+}
+
+std::string gb(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+void check_host_memory(const MoeSpec& spec, int tokens, bool fused) {
+  const size_t needed = host_bytes_needed(spec, tokens, fused);
+  const size_t available = mem_available_bytes();
+  if (available == 0) return;  // unknown: let the allocation itself fail
+  MK_CHECK(needed <= available,
+           "needs " << gb(needed) << " GB of host memory for " << spec.name << " ("
+                    << tokens << " tokens, "
+                    << std::min<size_t>(spec.num_experts, static_cast<size_t>(tokens) * spec.top_k)
+                    << " experts" << (fused ? " + fused shared slots" : "") << "), "
+                    << gb(available) << " GB available");
+}
+
+namespace io {
+
+void repack_shared_slot(const MoeSpec& spec, const Bf16* shared_w13, const Bf16* shared_w2,
+                        int slot, ExpertStorage& out) {
+  const size_t H = spec.hidden, I = spec.expert_intermediate, Is = spec.shared_intermediate;
+  const int S = spec.shared_slots();
+  MK_CHECK(S > 0, "spec " << spec.name << " cannot fuse its shared expert: shared width " << Is
+                          << " is not a positive multiple of I = " << I);
+  MK_CHECK(slot >= 0 && slot < S,
+           "shared slot out of range: expected 0 <= slot < " << S << ", got " << slot);
+  MK_CHECK(shared_w13 && shared_w2, "spec " << spec.name << " has no shared MLP weights to fuse");
+  const size_t j0 = static_cast<size_t>(slot) * I;
+  out.w13.resize(2 * I * H);
+  // gate rows [j0, j0+I) then up rows Is + [j0, j0+I): each block is contiguous in the source.
+  std::memcpy(out.w13.data(), shared_w13 + j0 * H, I * H * sizeof(Bf16));
+  std::memcpy(out.w13.data() + I * H, shared_w13 + (Is + j0) * H, I * H * sizeof(Bf16));
+  out.w2.resize(H * I);
+  for (size_t h = 0; h < H; ++h) {
+    std::memcpy(out.w2.data() + h * I, shared_w2 + h * Is + j0, I * sizeof(Bf16));
+  }
+  if (spec.has_expert_bias) {
+    out.b13.assign(2 * I, 0.0f);
+    out.b2.assign(H, 0.0f);
+  }
+  out.view_owned();
+}
+
+}  // namespace io
+}  // namespace moekit

@@ -1,0 +1,513 @@
+// GPU MoE layer (include/moekit/cuda_layer.h) against the CPU reference.
+//
+// Every family of configs/ runs scaled down (hidden 256, 32 experts, I = 128: the real parser on
+// a shrunk copy of the real config) for T in {1, 2, 7, 32, 128, 1000}, fused and unfused:
+//   - routing: the GPU's own logits routed by cpu_reference::route give exactly the GPU's ids
+//     (selection is fp32 on both sides) and its weights to 1e-5
+//   - layer:   y against cpu_reference::forward on every token whose ids agree (the CPU computes
+//     its own logits in double, so a token tied to ~1e-6 may route differently; at most T/100
+//     such tokens, none below T = 100), relative error by norm <= 5e-3 (bf16 h and y)
+//   - fused against unfused, device fill against host weights (bit-identical), determinism,
+//     CUDA-graph replay, launch count, dispatch invariants, error messages
+// DeepSeek-V3 runs once at its real shape (T = 1, 7) with its 22.6 GB layer made on the GPU.
+// Outputs are poisoned (NaN / -1) before every run by GpuMoeLayer::forward. Without a GPU every
+// test skips saying why.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/random_values.h"
+#include "moekit/cuda_layer.h"
+#include "moekit/layer.h"
+#include "moekit/routing.h"
+#include "moekit/spec.h"
+#include "moekit/weights.h"
+
+namespace moekit {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                      \
+    std::string why_;                                                       \
+    if (!cuda::available(&why_)) GTEST_SKIP() << "no usable GPU: " << why_; \
+  } while (0)
+
+const std::vector<std::string> kModels = {
+    "deepseek-v2-lite", "deepseek-v3",  "deepseek-v4-flash", "glm-4.5",         "glm-5",
+    "gpt-oss-120b",     "kimi-k2",      "minimax-m2",        "minimax-m3",      "mixtral-8x7b",
+    "qwen2-57b-a14b",   "qwen3-235b-a22b", "qwen3-30b-a3b"};
+
+// configs/<model>.json with the sizes shrunk to kernel-legal multiples of 64, parsed by the real
+// parser; family, scoring, groups, shared kind, activation stay the model's own.
+MoeSpec small_spec(const std::string& model, int hidden = 256, int experts = 32, int inter = 128) {
+  const std::string path = config_dir() + "/" + model + ".json";
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << "cannot open " << path;
+  nlohmann::json top = nlohmann::json::parse(in);
+  nlohmann::json& c = top.contains("text_config") ? top["text_config"] : top;
+  c["hidden_size"] = hidden;
+  for (const char* k : {"n_routed_experts", "num_experts", "num_local_experts"}) {
+    if (c.contains(k)) c[k] = experts;
+  }
+  if (c.contains("moe_intermediate_size")) {
+    c["moe_intermediate_size"] = inter;
+  } else {
+    c["intermediate_size"] = inter;
+  }
+  if (c.contains("shared_expert_intermediate_size")) c["shared_expert_intermediate_size"] = 2 * inter;
+  if (c.contains("shared_intermediate_size")) c["shared_intermediate_size"] = inter;
+  if (c.contains("n_group") && c["n_group"].is_number_integer() &&
+      c["n_group"].get<int>() > experts / 2) {
+    c["n_group"] = 1;
+    c["topk_group"] = 1;
+  }
+  return parse_spec_json(top.dump(), model + "-small");
+}
+
+std::vector<Bf16> random_x(int tokens, int hidden, uint64_t seed) {
+  namespace rv = random_values;
+  const uint64_t stream = rv::stream_key(seed, -1, rv::Tensor::Input, -1);
+  std::vector<Bf16> x(static_cast<size_t>(tokens) * hidden);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(rv::uniform(stream, i));
+  return x;
+}
+
+struct Diff {
+  double rel_norm = 0;     // ||a - b|| / ||b||
+  double max_abs = 0;
+  size_t worst = 0;
+  size_t non_finite = 0;
+};
+
+Diff compare_rows(const std::vector<float>& a, const std::vector<float>& b, int hidden,
+                  const std::vector<bool>& use_token) {
+  Diff d;
+  double num = 0, den = 0;
+  for (size_t t = 0; t < use_token.size(); ++t) {
+    if (!use_token[t]) continue;
+    for (int h = 0; h < hidden; ++h) {
+      const size_t i = t * hidden + h;
+      if (!std::isfinite(a[i])) ++d.non_finite;
+      const double e = std::fabs(static_cast<double>(a[i]) - b[i]);
+      num += e * e;
+      den += static_cast<double>(b[i]) * b[i];
+      if (e > d.max_abs) {
+        d.max_abs = e;
+        d.worst = i;
+      }
+    }
+  }
+  d.rel_norm = std::sqrt(num / std::max(den, 1e-300));
+  return d;
+}
+
+double max_abs_value(const std::vector<float>& v) {
+  double m = 0;
+  for (float f : v) m = std::max(m, static_cast<double>(std::fabs(f)));
+  return m;
+}
+
+// Checks the routing of a GPU forward: ids in range, and the GPU logits routed by the CPU
+// reference give exactly the same ids, weights to 1e-5 relative.
+void expect_routing_matches_cpu(const MoeSpec& spec, const LayerWeights& w,
+                                const std::vector<float>& gpu_logits, const ForwardResult& g,
+                                const std::string& what) {
+  const RoutingConfig cfg = RoutingConfig::from_spec(spec, g.fused);
+  const Routing cr = cpu_reference::route(cfg, gpu_logits.data(), g.tokens, w.correction_bias());
+  ASSERT_EQ(g.routing.slots, cr.slots) << what;
+  ASSERT_EQ(g.routing.ids.size(), cr.ids.size()) << what;
+  int id_mismatch = 0;
+  for (size_t i = 0; i < cr.ids.size(); ++i) {
+    if (g.routing.ids[i] != cr.ids[i] && ++id_mismatch <= 5) {
+      ADD_FAILURE() << what << ": pair " << i << " (token " << i / cr.slots << ", slot "
+                    << i % cr.slots << "): GPU id " << g.routing.ids[i] << ", CPU id "
+                    << cr.ids[i];
+    }
+    const double tol = 1e-5 * std::fabs(cr.weights[i]) + 1e-7;
+    if (std::fabs(g.routing.weights[i] - cr.weights[i]) > tol && ++id_mismatch <= 5) {
+      ADD_FAILURE() << what << ": pair " << i << " weight GPU " << g.routing.weights[i]
+                    << ", CPU " << cr.weights[i];
+    }
+  }
+  EXPECT_EQ(id_mismatch, 0) << what << ": routing mismatches";
+  if (!cr.shared_scale.empty()) {
+    ASSERT_EQ(g.routing.shared_scale.size(), cr.shared_scale.size()) << what;
+    for (size_t t = 0; t < cr.shared_scale.size(); ++t) {
+      EXPECT_NEAR(g.routing.shared_scale[t], cr.shared_scale[t],
+                  1e-6 + 1e-6 * std::fabs(cr.shared_scale[t]))
+          << what << ": shared_scale of token " << t;
+    }
+  }
+}
+
+// y of the GPU against cpu_reference::forward, on the tokens whose ids agree.
+void expect_layer_matches_cpu(const MoeSpec& spec, const LayerWeights& w, const Bf16* x,
+                              int tokens, const ForwardResult& g, FuseShared fuse,
+                              const std::string& what, double tol = 5e-3) {
+  const ForwardResult c = cpu_reference::forward(w, x, tokens, fuse);
+  ASSERT_EQ(c.fused, g.fused) << what;
+  ASSERT_EQ(c.y.size(), g.y.size()) << what;
+  const int slots = c.routing.slots;
+  std::vector<bool> same(tokens, true);
+  int differing = 0;
+  for (int t = 0; t < tokens; ++t) {
+    for (int s = 0; s < slots; ++s) {
+      if (c.routing.ids[t * slots + s] != g.routing.ids[t * slots + s]) same[t] = false;
+    }
+    differing += same[t] ? 0 : 1;
+  }
+  EXPECT_LE(differing, tokens / 100)
+      << what << ": " << differing << " tokens route differently from the CPU's double logits";
+  const Diff d = compare_rows(g.y, c.y, spec.hidden, same);
+  const double scale = max_abs_value(c.y);
+  EXPECT_EQ(d.non_finite, 0u) << what << ": non-finite outputs (unwritten or NaN)";
+  EXPECT_LE(d.rel_norm, tol) << what << ": relative error by norm";
+  EXPECT_LE(d.max_abs, 4 * tol * scale + 1e-6)
+      << what << ": worst element " << d.worst << " (token " << d.worst / spec.hidden
+      << ", column " << d.worst % spec.hidden << "): GPU " << g.y[d.worst] << ", CPU "
+      << c.y[d.worst] << ", max |y| " << scale;
+}
+
+// ---- every family, every T ----
+
+struct Case {
+  std::string model;
+  int tokens;
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  std::string n = info.param.model + "_T" + std::to_string(info.param.tokens);
+  for (char& ch : n) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return n;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> out;
+  for (const auto& m : kModels) {
+    for (int t : {1, 2, 7, 32, 128, 1000}) out.push_back({m, t});
+  }
+  return out;
+}
+
+class GpuLayerFamily : public testing::TestWithParam<Case> {};
+
+TEST_P(GpuLayerFamily, MatchesCpuReferenceFusedAndUnfused) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  const MoeSpec spec = small_spec(c.model);
+  const int layer = spec.moe_layers.front();
+  const auto w = make_random_weights(spec, layer, 11);
+  const std::vector<Bf16> x = random_x(c.tokens, spec.hidden, 5 + c.tokens);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = c.tokens;
+  const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
+
+  std::vector<FuseShared> modes{FuseShared::Off};
+  if (spec.can_fuse_shared()) modes.push_back(FuseShared::On);
+  std::vector<ForwardResult> results;
+  for (FuseShared fuse : modes) {
+    std::ostringstream what;
+    what << spec.name << " T=" << c.tokens << " fuse=" << fuse_shared_name(fuse);
+    SCOPED_TRACE(what.str());
+    const ForwardResult g = gpu->forward(x.data(), c.tokens, fuse);
+    EXPECT_EQ(g.fused, fuse == FuseShared::On);
+    const std::vector<float> logits = gpu->last_logits(c.tokens);
+    expect_routing_matches_cpu(spec, *w, logits, g, what.str());
+    expect_layer_matches_cpu(spec, *w, x.data(), c.tokens, g, fuse, what.str());
+    results.push_back(g);
+  }
+  if (results.size() == 2) {
+    // fused vs unfused: the same routed ids, outputs equal to bf16 precision
+    const int k = spec.top_k;
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int s = 0; s < k; ++s) {
+        ASSERT_EQ(results[0].routing.ids[t * k + s],
+                  results[1].routing.ids[t * results[1].routing.slots + s])
+            << "token " << t << " slot " << s;
+      }
+    }
+    const Diff d = compare_rows(results[1].y, results[0].y, spec.hidden,
+                                std::vector<bool>(c.tokens, true));
+    EXPECT_LE(d.rel_norm, 5e-3) << spec.name << ": fused vs unfused";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFamilies, GpuLayerFamily, testing::ValuesIn(all_cases()), case_name);
+
+// ---- device fill, determinism, graphs, launches ----
+
+TEST(GpuLayer, DeviceRandomFillMatchesHostWeightsBitForBit) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string model : {"deepseek-v3", "gpt-oss-120b", "qwen2-57b-a14b", "minimax-m2"}) {
+    SCOPED_TRACE(model);
+    const MoeSpec spec = small_spec(model);
+    const int layer = spec.moe_layers.back();
+    const auto w = make_random_weights(spec, layer, 3);
+    cuda::GpuLayerOptions opt;
+    opt.max_tokens = 64;
+    const auto uploaded = cuda::GpuMoeLayer::create(*w, opt);
+    const auto generated = cuda::GpuMoeLayer::create_random(spec, layer, 3, opt);
+    EXPECT_EQ(uploaded->weight_bytes(), generated->weight_bytes());
+    const std::vector<Bf16> x = random_x(64, spec.hidden, 9);
+    for (FuseShared fuse : {FuseShared::Off, FuseShared::Auto}) {
+      const ForwardResult a = uploaded->forward(x.data(), 64, fuse);
+      const std::vector<float> la = uploaded->last_logits(64);
+      const ForwardResult b = generated->forward(x.data(), 64, fuse);
+      const std::vector<float> lb = generated->last_logits(64);
+      EXPECT_EQ(la, lb) << "router logits differ: router weights differ";
+      EXPECT_EQ(a.routing.ids, b.routing.ids);
+      EXPECT_EQ(a.y, b.y) << "outputs differ: expert weights differ";
+    }
+  }
+}
+
+TEST(GpuLayer, ForwardIsDeterministic) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3");
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 1);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 256;
+  const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
+  for (int tokens : {1, 8, 9, 256}) {
+    const std::vector<Bf16> x = random_x(tokens, spec.hidden, 2);
+    for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+      const ForwardResult a = gpu->forward(x.data(), tokens, fuse);
+      const ForwardResult b = gpu->forward(x.data(), tokens, fuse);
+      EXPECT_EQ(a.y, b.y) << "T=" << tokens << " fuse=" << fuse_shared_name(fuse);
+    }
+  }
+}
+
+TEST(GpuLayer, GraphReplayMatchesForward) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("qwen2-57b-a14b");
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 4);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 32;
+  const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
+  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+    for (int tokens : {3, 32}) {
+      const std::vector<Bf16> x = random_x(tokens, spec.hidden, 8);
+      const ForwardResult ref = gpu->forward(x.data(), tokens, fuse);
+      const size_t n = static_cast<size_t>(tokens) * spec.hidden;
+      void *dx = nullptr, *dy = nullptr;
+      cudaStream_t stream = nullptr;
+      ASSERT_EQ(cudaMalloc(&dx, n * 2), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dy, n * 2), cudaSuccess);
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dx, x.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      gpu->forward_device(dx, dy, tokens, fuse, stream);
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      for (int rep = 0; rep < 3; ++rep) {
+        ASSERT_EQ(cudaMemset(dy, 0xff, n * 2), cudaSuccess);  // NaN poison
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        std::vector<Bf16> y(n);
+        ASSERT_EQ(cudaMemcpy(y.data(), dy, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(bf16_to_float(y[i]), ref.y[i])
+              << "replay " << rep << " element " << i << " fuse=" << fuse_shared_name(fuse);
+        }
+      }
+      EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+      EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+      EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+      EXPECT_EQ(cudaFree(dx), cudaSuccess);
+      EXPECT_EQ(cudaFree(dy), cudaSuccess);
+    }
+  }
+}
+
+TEST(GpuLayer, AtMostFourLaunchesWhenFused) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3");
+  const auto gpu = cuda::GpuMoeLayer::create_random(spec, spec.moe_layers.front(), 0, {});
+  for (int tokens : {1, 8, 32, 128}) {
+    const cuda::LaunchCount fused = gpu->count_launches(tokens, true);
+    const cuda::LaunchCount unfused = gpu->count_launches(tokens, false);
+    std::printf("T=%d: fused %d kernels, unfused %d kernels\n", tokens, fused.kernels,
+                unfused.kernels);
+    if (tokens <= 8) EXPECT_LE(fused.kernels, 4) << "T=" << tokens;
+    EXPECT_EQ(unfused.kernels, fused.kernels + 2) << "T=" << tokens;
+    std::printf("T=%d: %d non-kernel graph nodes (fused)\n", tokens, fused.other_nodes);
+  }
+}
+
+TEST(GpuLayer, RejectsTooManyTokensAndNonFiniteInput) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("qwen3-30b-a3b");
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 4;
+  const auto gpu = cuda::GpuMoeLayer::create_random(spec, spec.moe_layers.front(), 0, opt);
+  std::vector<Bf16> x = random_x(5, spec.hidden, 1);
+  try {
+    gpu->forward(x.data(), 5, FuseShared::Auto);
+    ADD_FAILURE() << "expected an error for 5 tokens > max_tokens 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_tokens (4), got 5"), std::string::npos) << e.what();
+  }
+  x[3 * spec.hidden + 7] = float_to_bf16(std::nanf(""));
+  try {
+    gpu->forward(x.data(), 4, FuseShared::Auto);
+    ADD_FAILURE() << "expected an error for a NaN input";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token 3, column 7"), std::string::npos) << e.what();
+  }
+  // fusing a spec without a shared expert is fine (nothing to fuse); forcing On on a spec that
+  // cannot fuse throws naming the widths
+  MoeSpec odd = small_spec("qwen2-57b-a14b");
+  odd.shared_intermediate = 3 * 64;  // not a multiple of I = 128
+  const auto wodd = make_random_weights(odd, odd.moe_layers.front(), 0);
+  const auto godd = cuda::GpuMoeLayer::create(*wodd, opt);
+  std::vector<Bf16> x4 = random_x(4, odd.hidden, 1);
+  EXPECT_THROW(godd->forward(x4.data(), 4, FuseShared::On), Error);
+  const ForwardResult r = godd->forward(x4.data(), 4, FuseShared::Auto);
+  EXPECT_FALSE(r.fused);
+  expect_layer_matches_cpu(odd, *wodd, x4.data(), 4, r, FuseShared::Auto, "unfusable qwen2");
+}
+
+// ---- routing + dispatch alone, on constructed logits ----
+
+// Tie-free logits: a per-token permutation of evenly spaced values (0.05 apart).
+std::vector<float> tie_free_logits(int tokens, int cols, uint64_t seed) {
+  std::vector<float> out(static_cast<size_t>(tokens) * cols);
+  const uint64_t s = random_values::stream_key(seed, 0, random_values::Tensor::Input, 0);
+  for (int t = 0; t < tokens; ++t) {
+    std::vector<int> perm(cols);
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int i = cols - 1; i > 0; --i) {
+      const uint64_t r = random_values::mix64(s ^ (static_cast<uint64_t>(t) * 1000003 + i));
+      std::swap(perm[i], perm[r % (i + 1)]);
+    }
+    for (int e = 0; e < cols; ++e) out[static_cast<size_t>(t) * cols + e] = (perm[e] - cols / 2) * 0.05f;
+  }
+  return out;
+}
+
+void check_dispatch(const Routing& r, const cuda::GpuDispatch& d, int rows, int chunk,
+                    const std::string& what) {
+  const int pairs = r.tokens * r.slots;
+  EXPECT_FALSE(d.id_out_of_range) << what;
+  std::vector<int> sorted = d.pair_list;
+  std::sort(sorted.begin(), sorted.end());
+  for (int q = 0; q < pairs; ++q) ASSERT_EQ(sorted[q], q) << what << ": pair list is not a permutation";
+  std::vector<int> count(rows, 0);
+  for (int id : r.ids) count[id]++;
+  int expect_tasks = 0;
+  for (int n : count) expect_tasks += (n + chunk - 1) / chunk;
+  EXPECT_EQ(d.num_tasks, expect_tasks) << what;
+  int covered = 0;
+  for (int i = 0; i < d.num_tasks; ++i) {
+    EXPECT_GE(d.task_count[i], 1) << what;
+    EXPECT_LE(d.task_count[i], chunk) << what;
+    for (int j = 0; j < d.task_count[i]; ++j) {
+      const int q = d.pair_list[d.task_begin[i] + j];
+      ASSERT_EQ(r.ids[q], d.task_expert[i]) << what << ": task " << i << " holds pair " << q;
+    }
+    covered += d.task_count[i];
+  }
+  EXPECT_EQ(covered, pairs) << what;
+  EXPECT_EQ(d.num_shared_tasks, (r.tokens + chunk - 1) / chunk) << what;
+}
+
+TEST(GpuRouting, ExactIdsOnTieFreeAndTiedLogitsEveryFamily) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& model : kModels) {
+    for (const bool fused : {false, true}) {
+      for (int experts : {32, 256}) {
+        const MoeSpec spec = small_spec(model, 256, experts, 128);
+        if (fused && !spec.can_fuse_shared()) continue;
+        const RoutingConfig cfg = RoutingConfig::from_spec(spec, fused);
+        for (int tokens : {1, 7, 300}) {
+          std::ostringstream what;
+          what << model << " E=" << experts << " fused=" << fused << " T=" << tokens;
+          SCOPED_TRACE(what.str());
+          std::vector<float> bias(spec.num_experts);
+          for (int e = 0; e < spec.num_experts; ++e) bias[e] = ((e * 7) % 5) * 0.0625f;
+          // tie-free
+          std::vector<float> logits = tie_free_logits(tokens, cfg.logits_columns, tokens);
+          for (const int chunk : {8, 32}) {
+            cuda::GpuDispatch d;
+            const Routing g = cuda::route_on_device(cfg, logits.data(), tokens, bias.data(),
+                                                    chunk, &d);
+            const Routing c = cpu_reference::route(cfg, logits.data(), tokens, bias.data());
+            ASSERT_EQ(g.ids, c.ids);
+            for (size_t i = 0; i < c.weights.size(); ++i) {
+              ASSERT_NEAR(g.weights[i], c.weights[i], 1e-5 * std::fabs(c.weights[i]) + 1e-7)
+                  << "pair " << i;
+            }
+            EXPECT_EQ(g.shared_scale.size(), c.shared_scale.size());
+            for (size_t t = 0; t < c.shared_scale.size(); ++t) {
+              ASSERT_NEAR(g.shared_scale[t], c.shared_scale[t], 1e-6) << "token " << t;
+            }
+            check_dispatch(g, d, spec.num_experts + cfg.shared_slots, chunk, what.str());
+          }
+          // exact ties everywhere: three logit levels, lower id must win on both sides
+          for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(i % 3) * 0.5f;
+          const Routing g = cuda::route_on_device(cfg, logits.data(), tokens, bias.data());
+          const Routing c = cpu_reference::route(cfg, logits.data(), tokens, bias.data());
+          ASSERT_EQ(g.ids, c.ids) << "tied logits";
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuRouting, ExtremeBiasesKeepUnbiasedWeights) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3", 256, 256, 128);
+  const RoutingConfig cfg = RoutingConfig::from_spec(spec, true);
+  const int tokens = 16;
+  std::vector<float> logits = tie_free_logits(tokens, cfg.logits_columns, 3);
+  for (float& v : logits) v = v * 4.0f - 18.0f;  // scores ~1e-8..1e-6
+  std::vector<float> bias(spec.num_experts);
+  for (int e = 0; e < spec.num_experts; ++e) bias[e] = (e % 2 ? 12.0f : -12.0f) + e * 1e-3f;
+  const Routing g = cuda::route_on_device(cfg, logits.data(), tokens, bias.data());
+  const Routing c = cpu_reference::route(cfg, logits.data(), tokens, bias.data());
+  ASSERT_EQ(g.ids, c.ids);
+  for (size_t i = 0; i < c.weights.size(); ++i) {
+    EXPECT_GT(g.weights[i], 0.0f) << "pair " << i << ": weight from key - bias would be 0";
+    EXPECT_NEAR(g.weights[i], c.weights[i], 1e-5 * std::fabs(c.weights[i])) << "pair " << i;
+  }
+}
+
+// ---- DeepSeek-V3 at its real shape, weights generated on the GPU ----
+
+TEST(GpuLayerRealShape, DeepSeekV3MatchesCpuReference) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = load_spec("deepseek-v3");
+  const int layer = spec.moe_layers.front();
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 8;
+  const auto gpu = cuda::GpuMoeLayer::create_random(spec, layer, 21, opt);
+  const auto w = make_random_weights(spec, layer, 21);  // lazy: only touched experts are made
+  for (int tokens : {1, 7}) {
+    const std::vector<Bf16> x = random_x(tokens, spec.hidden, 30 + tokens);
+    for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+      std::ostringstream what;
+      what << "deepseek-v3 T=" << tokens << " fuse=" << fuse_shared_name(fuse);
+      SCOPED_TRACE(what.str());
+      const ForwardResult g = gpu->forward(x.data(), tokens, fuse);
+      expect_routing_matches_cpu(spec, *w, gpu->last_logits(tokens), g, what.str());
+      expect_layer_matches_cpu(spec, *w, x.data(), tokens, g, fuse, what.str());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moekit

@@ -1,0 +1,339 @@
+// Tests of the fast CPU backend (src/cpu/fast/) against the CPU reference, the oracle.
+//
+// Every family's real config.json, scaled down, T in {1, 2, 7, 32, 128}, fused and unfused shared
+// expert, every SIMD path this CPU can run (AVX-512 with and without vdpbf16ps, AVX2, portable;
+// those the CPU lacks are skipped with a message), threads 1, 2 and 3 (3 > cores on the dev
+// machine: uneven slices and an oversubscribed pool).
+//
+// Tolerance: the reference accumulates in double, the fast backend in fp32 (and vdpbf16ps adds
+// pairs before accumulating). With K <= a few thousand, fp32 summation error is ~1e-6 of the
+// output's scale, so max |fast - ref| <= 1e-4 * max |ref| leaves a wide margin while still
+// catching any real mistake (a wrong weight, slot, bias or clamp moves y by >> 1e-3). Routing must
+// match exactly: the fast router also accumulates in double, so the logits are the same floats
+// save for a rounding-boundary case that these seeds do not hit. For one ISA, y must be
+// bit-identical whatever the thread count (each element is summed in one fixed order).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/random_values.h"
+#include "moekit/cpu_fast.h"
+#include "moekit/error.h"
+#include "moekit/layer.h"
+#include "moekit/spec.h"
+#include "moekit/weights.h"
+
+namespace moekit {
+namespace {
+
+using random_values::stream_key;
+using random_values::Tensor;
+using random_values::uniform;
+
+// Deliberately not multiples of the SIMD widths (32 bf16 / 16 / 8 floats): every kernel's tail
+// path runs. kExperts = 32 keeps DeepSeek-V3's 8 groups of 4.
+constexpr int kHidden = 100;
+constexpr int kInter = 20;
+constexpr int kExperts = 32;
+constexpr double kRelTol = 1e-4;
+
+const std::vector<std::string> kFamilies = {
+    "deepseek-v3", "deepseek-v2-lite", "deepseek-v4-flash", "kimi-k2",     "glm-4.5",
+    "glm-5",       "minimax-m2",       "minimax-m3",        "qwen3-30b-a3b", "qwen3-235b-a22b",
+    "qwen2-57b-a14b", "mixtral-8x7b",  "gpt-oss-120b"};
+
+std::string read_config(const std::string& model) {
+  std::ifstream in(std::string(MOEKIT_TEST_DATA_DIR) + "/../configs/" + model + ".json");
+  EXPECT_TRUE(in) << "cannot read configs/" << model << ".json";
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A real config.json scaled down to H = kHidden, E = kExperts, I = kInter; the shared width keeps
+// its number of I-wide slots, groups and top-k are untouched.
+MoeSpec shrunk_spec(const std::string& model) {
+  nlohmann::json top = nlohmann::json::parse(read_config(model));
+  nlohmann::json& c = top.contains("text_config") ? top["text_config"] : top;
+  c["hidden_size"] = kHidden;
+  const char* inter_key =
+      c.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size";
+  const int orig_inter = c[inter_key].get<int>();
+  c[inter_key] = kInter;
+  for (const char* key : {"n_routed_experts", "num_experts", "num_local_experts"})
+    if (c.contains(key)) c[key] = kExperts;
+  for (const char* key : {"shared_expert_intermediate_size", "shared_intermediate_size"}) {
+    if (c.contains(key) && c[key].get<int>() > 0) {
+      const int width = c[key].get<int>();
+      EXPECT_EQ(width % orig_inter, 0) << model << " " << key;
+      c[key] = width / orig_inter * kInter;
+    }
+  }
+  return parse_spec_json(top.dump(), model + "-shrunk");
+}
+
+std::vector<Bf16> random_input(int tokens, int hidden, uint64_t seed, float scale) {
+  std::vector<Bf16> x(static_cast<size_t>(tokens) * hidden);
+  const uint64_t s = stream_key(seed, 0, Tensor::Input, -1);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(scale * uniform(s, i));
+  return x;
+}
+
+// The SIMD configurations to test on this CPU, with a message for each one skipped.
+struct IsaCase {
+  cpu_fast::Isa isa;
+  bool bf16_dot;
+  std::string name;
+};
+
+std::vector<IsaCase> isa_cases() {
+  using cpu_fast::Isa;
+  std::vector<IsaCase> cases;
+  if (cpu_fast::isa_supported(Isa::Avx512)) {
+    if (cpu_fast::cpu_has_avx512_bf16()) {
+      cases.push_back({Isa::Avx512, true, "avx512+bf16dot"});
+    } else {
+      std::printf("[ skipped  ] avx512+bf16dot: this CPU has no AVX512-BF16\n");
+    }
+    cases.push_back({Isa::Avx512, false, "avx512"});
+  } else {
+    std::printf("[ skipped  ] avx512: this CPU lacks avx512f/bw/vl/dq\n");
+  }
+  if (cpu_fast::isa_supported(Isa::Avx2)) {
+    cases.push_back({Isa::Avx2, false, "avx2"});
+  } else {
+    std::printf("[ skipped  ] avx2: this CPU lacks avx2/fma\n");
+  }
+  cases.push_back({Isa::Portable, false, "portable"});
+  return cases;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float f : v) m = std::max(m, static_cast<double>(std::fabs(f)));
+  return m;
+}
+
+// Compares fast with reference: routing exactly, y to kRelTol of the output's scale. Reports the
+// first mismatching element.
+void expect_matches(const ForwardResult& fast, const ForwardResult& ref, const std::string& what) {
+  ASSERT_EQ(fast.tokens, ref.tokens) << what;
+  ASSERT_EQ(fast.fused, ref.fused) << what;
+  ASSERT_EQ(fast.routing.ids, ref.routing.ids) << what << ": routing picked other experts";
+  ASSERT_EQ(fast.routing.weights.size(), ref.routing.weights.size()) << what;
+  for (size_t i = 0; i < ref.routing.weights.size(); ++i)
+    ASSERT_NEAR(fast.routing.weights[i], ref.routing.weights[i], 1e-6) << what << " slot " << i;
+  ASSERT_EQ(fast.y.size(), ref.y.size()) << what;
+  const double scale = max_abs(ref.y);
+  ASSERT_GT(scale, 1e-3) << what << ": reference output is ~0, the comparison would be vacuous";
+  double worst = 0;
+  size_t worst_at = 0;
+  for (size_t i = 0; i < ref.y.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(fast.y[i]) - ref.y[i]);
+    if (!(d <= worst)) {  // NaN-safe: a NaN becomes the worst
+      worst = d;
+      worst_at = i;
+    }
+  }
+  EXPECT_LE(worst, kRelTol * scale)
+      << what << ": max |fast - ref| = " << worst << " at token " << worst_at / ref.hidden
+      << " column " << worst_at % ref.hidden << " (fast " << fast.y[worst_at] << ", ref "
+      << ref.y[worst_at] << "), max |ref| = " << scale;
+}
+
+// One family: every T, fuse mode, ISA and thread count against the reference.
+void check_family(const std::string& model, float x_scale) {
+  const MoeSpec spec = shrunk_spec(model);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
+  std::vector<FuseShared> fuses = {FuseShared::Auto};
+  if (spec.shared_kind != SharedKind::None) fuses = {FuseShared::On, FuseShared::Off};
+  const std::vector<IsaCase> isas = isa_cases();
+  for (int tokens : {1, 2, 7, 32, 128}) {
+    const std::vector<Bf16> x = random_input(tokens, spec.hidden, 100 + tokens, x_scale);
+    for (FuseShared fuse : fuses) {
+      const ForwardResult ref = cpu_reference::forward(*w, x.data(), tokens, fuse);
+      for (const IsaCase& ic : isas) {
+        std::vector<float> first_y;
+        for (int threads : {1, 2, 3}) {
+          cpu_fast::FastOptions opt;
+          opt.threads = threads;
+          opt.isa = ic.isa;
+          opt.use_bf16_dot = ic.bf16_dot;
+          std::ostringstream what;
+          what << model << " x_scale " << x_scale << " T=" << tokens << " fuse "
+               << fuse_shared_name(fuse) << " " << ic.name << " threads " << threads;
+          SCOPED_TRACE(what.str());
+          const ForwardResult fast = cpu_fast::forward(*w, x.data(), tokens, fuse, opt);
+          expect_matches(fast, ref, what.str());
+          if (first_y.empty()) {
+            first_y = fast.y;
+          } else {
+            // bitwise: the split over threads never changes a sum's order
+            EXPECT_TRUE(fast.y == first_y) << what.str() << ": y depends on the thread count";
+          }
+        }
+      }
+    }
+  }
+}
+
+class CpuFastFamily : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuFastFamily, MatchesReference) { check_family(GetParam(), 1.0f); }
+
+// Large inputs push the pre-activations past the swiglu clamps (limit 7 for gpt-oss and
+// MiniMax-M3, DeepSeek-V4's swiglu_limit) and the sigmoids into saturation.
+TEST_P(CpuFastFamily, MatchesReferenceWithLargeInputs) { check_family(GetParam(), 24.0f); }
+
+INSTANTIATE_TEST_SUITE_P(AllFamilies, CpuFastFamily, ::testing::ValuesIn(kFamilies),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           std::replace(n.begin(), n.end(), '.', '_');
+                           return n;
+                         });
+
+TEST(CpuFast, ClampsAreActiveWithLargeInputs) {
+  // Guards the premise of MatchesReferenceWithLargeInputs: some gate pre-activation exceeds the
+  // limit, so the clamp path is really compared.
+  const MoeSpec spec = shrunk_spec("gpt-oss-120b");
+  ASSERT_GT(spec.swiglu_limit, 0.0f);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
+  const std::vector<Bf16> x = random_input(1, spec.hidden, 101, 24.0f);
+  const ExpertView ex = w->expert(0);
+  double max_g = 0;
+  for (int i = 0; i < spec.expert_intermediate; ++i) {
+    double g = 0;
+    for (int h = 0; h < spec.hidden; ++h)
+      g += bf16_to_float(ex.w13[static_cast<size_t>(i) * spec.hidden + h]) * bf16_to_float(x[h]);
+    max_g = std::max(max_g, std::fabs(g));
+  }
+  EXPECT_GT(max_g, spec.swiglu_limit);
+}
+
+// Full-size shapes (the real H, I and E): the SIMD main loops without tails, large slices.
+TEST(CpuFast, RealShapesMatchReference) {
+  for (const std::string model : {"qwen3-30b-a3b", "minimax-m2"}) {
+    const MoeSpec spec = load_spec(model);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 3);
+    const int tokens = 3;
+    const std::vector<Bf16> x = random_input(tokens, spec.hidden, 5, 1.0f);
+    const ForwardResult ref = cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto);
+    for (const IsaCase& ic : isa_cases()) {
+      cpu_fast::FastOptions opt;
+      opt.isa = ic.isa;
+      opt.use_bf16_dot = ic.bf16_dot;
+      const ForwardResult fast = cpu_fast::forward(*w, x.data(), tokens, FuseShared::Auto, opt);
+      expect_matches(fast, ref, model + " " + ic.name);
+    }
+  }
+}
+
+TEST(CpuFast, ZeroTokens) {
+  const MoeSpec spec = shrunk_spec("qwen3-30b-a3b");
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
+  const ForwardResult r = cpu_fast::forward(*w, nullptr, 0, FuseShared::Auto);
+  EXPECT_EQ(r.tokens, 0);
+  EXPECT_TRUE(r.y.empty());
+  EXPECT_TRUE(r.routing.ids.empty());
+}
+
+TEST(CpuFast, TouchesOnlyRoutedExperts) {
+  const MoeSpec spec = shrunk_spec("deepseek-v3");
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
+  const std::vector<Bf16> x = random_input(1, spec.hidden, 9, 1.0f);
+  const ForwardResult r = cpu_fast::forward(*w, x.data(), 1, FuseShared::On);
+  // k routed experts + the fused shared slot(s), nothing else
+  EXPECT_EQ(w->materialised_experts(), spec.top_k + spec.shared_slots());
+  EXPECT_EQ(r.routing.slots, spec.top_k + spec.shared_slots());
+}
+
+TEST(CpuFast, NonFiniteInputThrowsNamingTokenAndColumn) {
+  const MoeSpec spec = shrunk_spec("qwen3-30b-a3b");
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
+  std::vector<Bf16> x = random_input(3, spec.hidden, 9, 1.0f);
+  x[2 * spec.hidden + 5] = float_to_bf16(std::nanf(""));
+  try {
+    cpu_fast::forward(*w, x.data(), 3, FuseShared::Auto);
+    ADD_FAILURE() << "expected a moekit::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("token 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("column 5"), std::string::npos) << msg;
+  }
+}
+
+TEST(CpuFast, FuseOnWithoutFusableSharedThrows) {
+  const MoeSpec spec = shrunk_spec("qwen3-30b-a3b");  // no shared expert
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
+  const std::vector<Bf16> x = random_input(1, spec.hidden, 9, 1.0f);
+  EXPECT_THROW(cpu_fast::forward(*w, x.data(), 1, FuseShared::On), Error);
+}
+
+TEST(CpuFastIsa, ParseAndNames) {
+  using cpu_fast::Isa;
+  for (Isa i : {Isa::Auto, Isa::Avx512, Isa::Avx2, Isa::Portable})
+    EXPECT_EQ(cpu_fast::parse_isa(cpu_fast::isa_name(i)), i);
+  try {
+    cpu_fast::parse_isa("sse9");
+    ADD_FAILURE() << "expected a moekit::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'sse9'"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(cpu_fast::isa_supported(Isa::Portable));
+  // Auto resolves to something this CPU runs, never to Auto.
+  const Isa best = cpu_fast::resolve_isa(Isa::Auto);
+  EXPECT_NE(best, Isa::Auto);
+  EXPECT_TRUE(cpu_fast::isa_supported(best));
+}
+
+TEST(CpuFastIsa, EnvironmentOverridesAutoOnly) {
+  using cpu_fast::Isa;
+  const char* old = std::getenv("MOEKIT_CPU_ISA");
+  const std::string saved = old ? old : "";
+  setenv("MOEKIT_CPU_ISA", "portable", 1);
+  EXPECT_EQ(cpu_fast::resolve_isa(Isa::Auto), Isa::Portable);
+  if (cpu_fast::isa_supported(Isa::Avx2)) {
+    EXPECT_EQ(cpu_fast::resolve_isa(Isa::Avx2), Isa::Avx2);  // an explicit request wins
+  }
+  setenv("MOEKIT_CPU_ISA", "avx9000", 1);
+  EXPECT_THROW(cpu_fast::resolve_isa(Isa::Auto), Error);
+  if (old) {
+    setenv("MOEKIT_CPU_ISA", saved.c_str(), 1);
+  } else {
+    unsetenv("MOEKIT_CPU_ISA");
+  }
+}
+
+TEST(CpuFastIsa, UnsupportedIsaThrows) {
+  using cpu_fast::Isa;
+  for (Isa i : {Isa::Avx512, Isa::Avx2}) {
+    if (cpu_fast::isa_supported(i)) continue;
+    EXPECT_THROW(cpu_fast::resolve_isa(i), Error) << cpu_fast::isa_name(i);
+  }
+  if (cpu_fast::isa_supported(Isa::Avx512)) {
+    std::printf("[ skipped  ] unsupported-ISA error: this CPU supports every ISA\n");
+  }
+}
+
+TEST(CpuFast, NegativeThreadsThrows) {
+  EXPECT_THROW(cpu_fast::resolve_threads(-1), Error);
+  EXPECT_GE(cpu_fast::resolve_threads(0), 1);
+  EXPECT_EQ(cpu_fast::resolve_threads(5), 5);
+}
+
+TEST(CpuFast, ReadBandwidthIsPositive) {
+  const double bw = cpu_fast::measure_read_bandwidth(size_t{16} << 20, 0, 2);
+  EXPECT_GT(bw, 1e8);  // > 0.1 GB/s: any machine that runs the tests
+}
+
+}  // namespace
+}  // namespace moekit

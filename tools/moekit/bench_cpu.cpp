@@ -1,0 +1,301 @@
+// `moekit bench --device cpu`: one MoE layer on the CPU, per batch and fuse mode, against the
+// machine's read bandwidth measured in the same run.
+//
+// For each batch T and fuse mode (fused and unfused when the model has a shared expert):
+//   us_per_layer   median wall time of one forward (fast backend with --threads, and again with
+//                  1 thread to show the scaling, or the reference with --backend reference)
+//   gb_per_s       bytes the layer must read / time: the distinct experts the routing touched
+//                  (fused shared slots count as experts) + the unfused shared MLP + the router
+//                  weight; activations are negligible and not counted
+//   bw_fraction    gb_per_s / the read bandwidth of the same thread count, measured here by
+//                  summing a 1 GiB buffer (cpu_fast::measure_read_bandwidth, best of 3), again
+//                  before each (batch, fuse) group, since the machine may be shared
+//   tokens_per_s   T / (us_per_layer * MoE layers): a decode step over every MoE layer
+//   speedup_vs_reference   reference median / fast median, same inputs (the reference is skipped
+//                  where one call would take more than ~10 s, and the field is null)
+//
+// Random expert weights are generated lazily on first use, and generation must not pollute the
+// timings. When every expert fits comfortably in memory (Qwen3-30B: 0.45 GB, MiniMax-M2: 7.2 GB)
+// all are materialised up front and each iteration takes the next of 8 different inputs, so the
+// touched experts change between iterations as in real decoding. Otherwise (DeepSeek-V3: 22.6 GB)
+// one fixed input per batch is used and only its experts are materialised, with a message; a
+// batch whose experts do not fit is skipped with a message.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "moekit/cpu_fast.h"
+#include "moekit/error.h"
+#include "moekit/layer.h"
+#include "moekit/spec.h"
+#include "moekit/weights.h"
+
+namespace moekit::cli {
+namespace {
+
+constexpr size_t kProbeBytes = size_t{1} << 30;  // >= 1 GB: far beyond any cache
+constexpr int kRotatingInputs = 8;
+constexpr double kMinTimedSeconds = 1.0;
+constexpr int kMinIterations = 5;
+constexpr int kMaxIterations = 200;
+// Skip the reference when one call would take longer than this (estimated from its MAC count).
+constexpr double kReferenceBudgetSeconds = 10.0;
+constexpr double kReferenceMacsPerSecond = 0.4e9;  // double scalar loops, measured on the dev box
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+size_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    unsigned long long kb = 0;
+    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kb) == 1) return kb * 1024;
+  }
+  return 0;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Bytes one forward must read: distinct touched experts (and fused slots), the unfused shared
+// MLP, the router weight.
+double layer_bytes(const MoeSpec& spec, const ForwardResult& r) {
+  const std::set<int32_t> touched(r.routing.ids.begin(), r.routing.ids.end());
+  const bool unfused_shared = !r.fused && spec.shared_kind != SharedKind::None;
+  return static_cast<double>(touched.size()) * spec.expert_bytes() +
+         (unfused_shared ? spec.shared_bytes() : 0) + spec.router_bytes();
+}
+
+struct Timing {
+  double us = 0;          // median per forward
+  double gb_per_s = 0;    // median of per-iteration bytes / time
+  int iterations = 0;
+};
+
+// Times fn(input index) over the inputs in rotation: optionally one warm-up call per input, then
+// `iterations` timed calls (0 = at least kMinIterations and kMinTimedSeconds).
+template <typename Fn>
+Timing time_forward(const MoeSpec& spec, int inputs, int iterations, bool warmup, Fn fn) {
+  if (warmup) {
+    for (int i = 0; i < inputs; ++i) fn(i);
+  }
+  std::vector<double> us, bw;
+  const auto start = std::chrono::steady_clock::now();
+  for (int it = 0;; ++it) {
+    if (iterations > 0 ? it >= iterations
+                       : (it >= kMinIterations && seconds_since(start) >= kMinTimedSeconds) ||
+                             it >= kMaxIterations)
+      break;
+    const auto t0 = std::chrono::steady_clock::now();
+    const ForwardResult r = fn(it % inputs);
+    const double s = seconds_since(t0);
+    us.push_back(s * 1e6);
+    bw.push_back(layer_bytes(spec, r) / s / 1e9);
+  }
+  return {median(us), median(bw), static_cast<int>(us.size())};
+}
+
+}  // namespace
+
+int run_bench_cpu(const BenchOptions& opt) {
+  const MoeSpec spec = load_spec(opt.model);
+  const int layer = pick_moe_layer(spec, -1);
+  const auto weights = load_layer_weights(spec, layer, opt.weights, opt.seed);
+  const std::string backend = opt.backend;
+  MK_CHECK(backend == "fast" || backend == "reference",
+           "--backend '" << backend << "' is not one of fast, reference");
+  const bool fast = backend == "fast";
+  const int threads = cpu_fast::resolve_threads(opt.threads);
+  const cpu_fast::Isa isa = cpu_fast::resolve_isa(cpu_fast::Isa::Auto);
+  const int moe_layers = static_cast<int>(spec.moe_layers.size());
+  std::ostream& log = opt.json ? std::cerr : std::cout;
+
+  std::vector<FuseShared> fuses = {opt.fuse};
+  if (opt.fuse == FuseShared::Auto && spec.can_fuse_shared()) {
+    fuses = {FuseShared::On, FuseShared::Off};
+  }
+
+  // ---- the bandwidth ceiling, same process, same thread counts
+  const bool scaling = fast && threads > 1;
+  log << "measuring read bandwidth (" << human_bytes(kProbeBytes) << " buffer)...\n";
+  // The machine is shared (other processes compete for cores and memory), so the ceiling is
+  // measured again right before each (batch, fuse) group of rows it normalises.
+  auto measure = [&](int th) { return cpu_fast::measure_read_bandwidth(kProbeBytes, th, 3); };
+  double bw_n = measure(threads);
+  double bw_1 = scaling ? measure(1) : bw_n;
+
+  // ---- weights: all experts up front when they fit, else a fixed input per batch
+  const int slots_total = spec.num_experts + spec.shared_slots();
+  const double all_bytes = static_cast<double>(slots_total) * spec.expert_bytes();
+  const double available = static_cast<double>(mem_available_bytes());
+  const bool prefetch_all = opt.weights.empty() && available > 0 && all_bytes < 0.6 * available;
+  if (prefetch_all) {
+    log << "materialising all " << slots_total << " experts (" << human_bytes(all_bytes)
+        << ") so timings exclude weight generation...\n";
+    std::vector<int> all(slots_total);
+    for (int e = 0; e < slots_total; ++e) all[e] = e;
+    weights->prefetch(all);
+  } else {
+    log << "note: all experts of " << spec.name << " (" << human_bytes(all_bytes)
+        << ") do not fit in 60% of the " << human_bytes(available)
+        << " available; each batch uses one fixed input and materialises only its experts\n";
+  }
+
+  const std::string cpu = cpu_model_name();
+  const std::string date = utc_now();
+  nlohmann::json records = nlohmann::json::array();
+  char line[256];
+  if (!opt.json) {
+    std::printf("%s layer %d, %s, %s, read bandwidth %.1f GB/s (%d threads)", spec.name.c_str(),
+                layer, cpu.c_str(), cpu_fast::isa_name(isa), bw_n / 1e9, threads);
+    if (scaling) std::printf(", %.1f GB/s (1 thread)", bw_1 / 1e9);
+    std::printf("\n%-7s %-5s %-9s %7s %12s %12s %9s %8s %9s\n", "batch", "fuse", "backend",
+                "threads", "us/layer", "tokens/s", "GB/s", "of bw", "x ref");
+  }
+
+  int batch_group = 0;
+  for (int tokens : opt.batches) {
+    const int inputs = prefetch_all ? kRotatingInputs : 1;
+    if (!prefetch_all) {
+      const double need =
+          static_cast<double>(host_bytes_needed(spec, tokens, spec.can_fuse_shared()));
+      if (need > 0.8 * static_cast<double>(mem_available_bytes())) {
+        log << "skipping batch " << tokens << ": its experts need " << human_bytes(need)
+            << ", " << human_bytes(static_cast<double>(mem_available_bytes()))
+            << " available\n";
+        continue;
+      }
+    }
+    std::vector<std::vector<Bf16>> xs;
+    for (int i = 0; i < inputs; ++i) xs.push_back(random_input(spec, tokens, opt.seed + 1 + i));
+
+    for (FuseShared fuse : fuses) {
+      struct Row {
+        std::string backend;
+        int threads;
+        Timing t;
+        double bw;
+      };
+      std::vector<Row> rows;
+      if (batch_group++ > 0) {
+        bw_n = measure(threads);
+        bw_1 = scaling ? measure(1) : bw_n;
+      }
+      if (fast) {
+        std::vector<int> thread_counts = {threads};
+        if (scaling) thread_counts.push_back(1);
+        for (int th : thread_counts) {
+          cpu_fast::FastOptions fo;
+          fo.threads = th;
+          const Timing t = time_forward(spec, inputs, opt.iterations, true, [&](int i) {
+            return cpu_fast::forward(*weights, xs[i].data(), tokens, fuse, fo);
+          });
+          rows.push_back({"fast", th, t, th == 1 ? bw_1 : bw_n});
+        }
+      }
+
+      // Reference: timed when one call is affordable (it is the baseline of the speed-up).
+      const double macs = static_cast<double>(tokens) *
+                              (spec.top_k + (spec.shared_kind != SharedKind::None
+                                                 ? std::max(1, spec.shared_slots())
+                                                 : 0)) *
+                              3.0 * spec.expert_intermediate * spec.hidden;
+      const bool run_ref = !fast || macs / kReferenceMacsPerSecond <= kReferenceBudgetSeconds;
+      Timing ref;
+      if (run_ref) {
+        // After the fast rows the touched experts are materialised: no warm-up needed for the
+        // baseline (a call can take seconds), except when the reference runs alone.
+        const int ref_iterations =
+            opt.iterations > 0 ? opt.iterations : (macs / kReferenceMacsPerSecond > 1.0 ? 1 : 3);
+        ref = time_forward(spec, inputs, ref_iterations, !fast, [&](int i) {
+          return cpu_reference::forward(*weights, xs[i].data(), tokens, fuse);
+        });
+      } else {
+        log << "reference skipped at batch " << tokens << " (~"
+            << static_cast<int>(macs / kReferenceMacsPerSecond) << " s per call)\n";
+      }
+
+      if (!fast) rows.push_back({"reference", threads, ref, bw_n});
+
+      for (const Row& row : rows) {
+        const double tps = tokens / (row.t.us * 1e-6 * moe_layers);
+        const double frac = row.t.gb_per_s * 1e9 / row.bw;
+        nlohmann::json rec = {{"model", spec.name},
+                              {"layer", layer},
+                              {"moe_layers", moe_layers},
+                              {"device", "cpu"},
+                              {"backend", row.backend},
+                              {"isa", row.backend == "fast" ? cpu_fast::isa_name(isa) : "scalar"},
+                              {"batch", tokens},
+                              {"fuse_shared", fuse_shared_name(fuse)},
+                              {"us_per_layer", row.t.us},
+                              {"tokens_per_s", tps},
+                              {"gb_per_s", row.t.gb_per_s},
+                              {"read_bw_gb_per_s", row.bw / 1e9},
+                              {"bw_fraction", frac},
+                              {"threads", row.threads},
+                              {"iterations", row.t.iterations},
+                              {"distinct_inputs", inputs},
+                              {"cpu", cpu},
+                              {"date", date}};
+        double speedup = 0;
+        if (run_ref) {
+          speedup = ref.us / row.t.us;
+          rec["speedup_vs_reference"] = speedup;
+        } else {
+          rec["speedup_vs_reference"] = nullptr;
+        }
+        records.push_back(rec);
+        if (!opt.json) {
+          std::snprintf(line, sizeof line, "%-7d %-5s %-9s %7d %12.1f %12.1f %9.2f %7.0f%% ",
+                        tokens, fuse_shared_name(fuse), row.backend.c_str(), row.threads,
+                        row.t.us, tps, row.t.gb_per_s, 100.0 * frac);
+          std::printf("%s", line);
+          if (run_ref) {
+            std::printf("%9.1f\n", speedup);
+          } else {
+            std::printf("%9s\n", "-");
+          }
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  if (opt.json) std::cout << records.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace moekit::cli

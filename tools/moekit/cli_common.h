@@ -1,0 +1,32 @@
+// Small helpers shared by the CLI's subcommands: model loading, random inputs, formatting.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/dtype.h"
+#include "moekit/layer.h"
+#include "moekit/spec.h"
+#include "moekit/weights.h"
+
+namespace moekit::cli {
+
+// The layer to run: `requested` if >= 0 (must be an MoE layer), else the spec's first MoE layer.
+int pick_moe_layer(const MoeSpec& spec, int requested);
+
+// Weights of one MoE layer: from a checkpoint directory if given, else random from the seed.
+std::unique_ptr<LayerWeights> load_layer_weights(const MoeSpec& spec, int layer,
+                                                 const std::string& weights_dir, uint64_t seed);
+
+// Deterministic activations x[tokens, hidden] in [-1, 1), bf16.
+std::vector<Bf16> random_input(const MoeSpec& spec, int tokens, uint64_t seed);
+
+// "1.23 GB", "456.0 MB", "789 B".
+std::string human_bytes(double bytes);
+
+// Max over elements of |a - b| / max(max|b|, tiny): the difference relative to the output's scale.
+double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace moekit::cli

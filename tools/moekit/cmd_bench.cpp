@@ -1,0 +1,65 @@
+// `moekit bench --model M [--batch 1,32,128] [--device cpu|cuda] [--fuse-shared ...] [--json]`:
+// per-layer time and tokens/s; the CPU and CUDA backends each measure their own bandwidth ceiling
+// in the same run (bench_cpu.cpp, bench_cuda.cpp). `bench router-gemm` is a sub-benchmark.
+#include <sstream>
+
+#include "commands.h"
+#include "forward_backends.h"
+#include "moekit/error.h"
+
+namespace moekit::cli {
+namespace {
+
+std::vector<int> parse_batches(const std::string& list) {
+  std::vector<int> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    MK_CHECK(!item.empty(), "--batch '" << list << "' has an empty entry");
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      MK_FAIL("--batch '" << list << "': '" << item << "' is not a number");
+    }
+    MK_CHECK(used == item.size() && v >= 1 && v <= 1 << 20,
+             "--batch '" << list << "': '" << item << "' must be a whole number in [1, 1048576]");
+    out.push_back(v);
+  }
+  MK_CHECK(!out.empty(), "--batch is empty");
+  return out;
+}
+
+}  // namespace
+
+CLI::App* add_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Time one MoE layer and a decode step (or a sub-bench)");
+  auto o = std::make_shared<BenchOptions>();
+  auto batches = std::make_shared<std::string>("1,32,128");
+  auto fuse = std::make_shared<std::string>("auto");
+  cmd->add_option("--model,-m", o->model, "Short name or path to config.json");
+  cmd->add_option("--weights", o->weights, "Checkpoint directory; default random weights");
+  cmd->add_option("--batch,-b", *batches, "Comma-separated token counts")->capture_default_str();
+  cmd->add_option("--device", o->device, "auto|cpu|cuda")->capture_default_str();
+  cmd->add_option("--backend", o->backend, "CPU backend: fast|reference")->capture_default_str();
+  cmd->add_option("--fuse-shared", *fuse, "auto|on|off")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of random weights and inputs")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--iterations", o->iterations, "Timed iterations (0 = automatic)");
+  cmd->add_option("--plot", o->plot, "Draw the batch sweep to this PNG (cuda)");
+  cmd->add_flag("--json", o->json, "Print JSON records");
+  cmd->require_subcommand(0, 1);
+  cmd->callback([cmd, o, batches, fuse] {
+    if (!cmd->get_subcommands().empty()) return;  // a sub-benchmark ran instead
+    MK_CHECK(!o->model.empty(), "bench: --model is required");
+    o->batches = parse_batches(*batches);
+    o->fuse = fuse_shared_from_env(parse_fuse_shared(*fuse));
+    const std::string device = resolve_device(o->device);
+    const int status = device == "cuda" ? run_bench_cuda(*o) : run_bench_cpu(*o);
+    if (status != 0) throw CLI::RuntimeError(status);
+  });
+  return cmd;
+}
+
+}  // namespace moekit::cli

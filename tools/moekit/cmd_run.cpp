@@ -1,0 +1,145 @@
+// `moekit run --model M`: one MoE layer forward on random or checkpoint weights; prints an output
+// summary and the experts picked. For models with a shared expert it also runs the other fusion
+// mode and prints the max relative difference between fused and unfused outputs.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "forward_backends.h"
+#include "moekit/error.h"
+
+namespace moekit::cli {
+namespace {
+
+struct RunOptions {
+  std::string model;
+  std::string weights;
+  int tokens = 4;
+  int layer = -1;
+  std::string fuse = "auto";
+  std::string device = "auto";
+  std::string backend = "fast";
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+struct Summary {
+  double mean_abs = 0, max_abs = 0, sum = 0;
+};
+
+Summary summarize(const std::vector<float>& y) {
+  Summary s;
+  for (float v : y) {
+    s.mean_abs += std::fabs(v);
+    s.max_abs = std::max(s.max_abs, static_cast<double>(std::fabs(v)));
+    s.sum += v;
+  }
+  if (!y.empty()) s.mean_abs /= static_cast<double>(y.size());
+  return s;
+}
+
+void run(const RunOptions& o) {
+  MK_CHECK(o.tokens >= 1, "--tokens must be >= 1, got " << o.tokens);
+  const MoeSpec spec = load_spec(o.model);
+  const int layer = pick_moe_layer(spec, o.layer);
+  const FuseShared fuse = fuse_shared_from_env(parse_fuse_shared(o.fuse));
+  const std::string device = resolve_device(o.device);
+  const bool fused = spec.can_fuse_shared() && fuse != FuseShared::Off;
+  MK_CHECK(!(fuse == FuseShared::On && !spec.can_fuse_shared()),
+           "--fuse-shared on: '" << spec.name << "' has "
+                                 << (spec.shared_kind == SharedKind::None
+                                         ? std::string("no shared expert")
+                                         : "a shared width " +
+                                               std::to_string(spec.shared_intermediate) +
+                                               " that is not a multiple of the expert width " +
+                                               std::to_string(spec.expert_intermediate)));
+  check_host_memory(spec, o.tokens, fused);
+  const auto weights = load_layer_weights(spec, layer, o.weights, o.seed);
+  const std::vector<Bf16> x = random_input(spec, o.tokens, o.seed);
+
+  const ForwardResult r = forward_on(device, o.backend, *weights, x.data(), o.tokens, fuse);
+  // The other fusion mode, on the same backend, for the fused-vs-unfused agreement check.
+  double fused_vs_unfused = -1.0;
+  if (spec.can_fuse_shared()) {
+    const ForwardResult other = forward_on(device, o.backend, *weights, x.data(), o.tokens,
+                                           r.fused ? FuseShared::Off : FuseShared::On);
+    fused_vs_unfused = r.fused ? max_relative_difference(r.y, other.y)
+                               : max_relative_difference(other.y, r.y);
+  }
+  const Summary sum = summarize(r.y);
+
+  if (o.json) {
+    nlohmann::json j = {{"model", spec.name},
+                        {"layer", layer},
+                        {"tokens", o.tokens},
+                        {"device", device},
+                        {"backend", device == "cpu" ? o.backend : device},
+                        {"fuse_shared", r.fused ? "on" : "off"},
+                        {"weights", weights->origin()},
+                        {"y_mean_abs", sum.mean_abs},
+                        {"y_max_abs", sum.max_abs},
+                        {"y_sum", sum.sum},
+                        {"slots_per_token", r.routing.slots}};
+    nlohmann::json experts = nlohmann::json::array(), wts = nlohmann::json::array();
+    for (int t = 0; t < r.routing.tokens; ++t) {
+      nlohmann::json ids = nlohmann::json::array(), ws = nlohmann::json::array();
+      for (int s = 0; s < r.routing.slots; ++s) {
+        ids.push_back(r.routing.ids[t * r.routing.slots + s]);
+        ws.push_back(r.routing.weights[t * r.routing.slots + s]);
+      }
+      experts.push_back(ids);
+      wts.push_back(ws);
+    }
+    j["experts"] = experts;
+    j["weights_per_slot"] = wts;
+    if (fused_vs_unfused >= 0) j["fused_vs_unfused_max_rel_diff"] = fused_vs_unfused;
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  std::printf("model %s, MoE layer %d, %d token(s), device %s%s, shared expert %s\n",
+              spec.name.c_str(), layer, o.tokens, device.c_str(),
+              device == "cpu" ? (" (" + o.backend + ")").c_str() : "",
+              spec.shared_kind == SharedKind::None ? "none"
+                                                   : (r.fused ? "fused" : "unfused"));
+  std::printf("weights: %s\n", weights->origin().c_str());
+  std::printf("output y [%d, %d]: mean |y| %.6g, max |y| %.6g, sum %.6g\n", o.tokens, spec.hidden,
+              sum.mean_abs, sum.max_abs, sum.sum);
+  const int shown = std::min(o.tokens, 8);
+  for (int t = 0; t < shown; ++t) {
+    std::printf("token %d experts:", t);
+    for (int s = 0; s < r.routing.slots; ++s) {
+      const int id = r.routing.ids[t * r.routing.slots + s];
+      std::printf(" %d%s(%.4f)", id, id >= spec.num_experts ? "[shared]" : "",
+                  r.routing.weights[t * r.routing.slots + s]);
+    }
+    std::printf("\n");
+  }
+  if (o.tokens > shown) std::printf("... %d more token(s)\n", o.tokens - shown);
+  if (fused_vs_unfused >= 0)
+    std::printf("fused vs unfused: max relative difference %.3g\n", fused_vs_unfused);
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("run", "Run one MoE layer forward and print what it picked");
+  auto o = std::make_shared<RunOptions>();
+  cmd->add_option("--model,-m", o->model, "Short name (e.g. deepseek-v3) or path to config.json")
+      ->required();
+  cmd->add_option("--weights", o->weights, "Checkpoint directory (*.safetensors); default random");
+  cmd->add_option("--tokens,-t", o->tokens, "Number of tokens")->capture_default_str();
+  cmd->add_option("--layer", o->layer, "MoE layer index (default: the first MoE layer)");
+  cmd->add_option("--fuse-shared", o->fuse, "Shared expert as fused slots: auto|on|off")
+      ->capture_default_str();
+  cmd->add_option("--device", o->device, "auto|cpu|cuda (auto: cuda when a GPU is usable)")
+      ->capture_default_str();
+  cmd->add_option("--backend", o->backend, "CPU backend: fast|reference")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of random weights and inputs")->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print JSON");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace moekit::cli

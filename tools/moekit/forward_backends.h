@@ -1,0 +1,18 @@
+// Which backend runs a forward: the CLI's one switch over devices and CPU backends.
+#pragma once
+
+#include <string>
+
+#include "moekit/layer.h"
+
+namespace moekit::cli {
+
+// "auto" -> "cuda" when moekit has CUDA and a GPU is usable, else "cpu"; "cuda" without a usable
+// GPU is an error saying why.
+std::string resolve_device(const std::string& requested);
+
+// One layer forward on `device` ("cpu" with backend "fast" or "reference", or "cuda").
+ForwardResult forward_on(const std::string& device, const std::string& backend,
+                         const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse);
+
+}  // namespace moekit::cli
