@@ -582,3 +582,67 @@ TEST(Fp8Encode, MatchesExhaustiveSearch) {
   EXPECT_EQ(moekit::io::fp8_e4m3_encode(NAN), 0x7f);
 }
 }  // namespace
+
+namespace {
+// DeepSeek-V4 publishes routed experts as packed FP4 (I8 [N, K/2], low nibble = even column) with
+// e8m0 scales <name>.scale [N, K/32]; they decode to fp4 * 2^(scale - 127).
+TEST(Checkpoint, DeepSeekV4Fp4ExpertsDecode) {
+  const MoeSpec spec = small_spec("deepseek-v4-flash");
+  const int L = test_layer(spec);
+  const size_t H = spec.hidden, I = spec.expert_intermediate;
+  auto w = moekit::make_random_weights(spec, L, 12);
+  const std::string dir = scratch_dir();
+  const std::string file = moekit::save_checkpoint(*w, dir, CheckpointNaming::Auto);
+  static const float kFp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  auto nib = [](size_t t, size_t r, size_t k) { return uint8_t((t * 5 + r * 3 + k * 11 + k / 7) % 16); };
+  auto sc = [](size_t t, size_t r, size_t g) { return uint8_t(118 + (t + r + 5 * g) % 11); };
+  auto value = [&](size_t t, size_t r, size_t k) {
+    return kFp4[nib(t, r, k)] * std::ldexp(1.0f, int(sc(t, r, k / 32)) - 127);
+  };
+  const std::string base = "layers." + std::to_string(L) + ".ffn.experts.2.";
+  const char* parts[3] = {"w1", "w3", "w2"};
+  const size_t rows[3] = {I, I, H}, cols[3] = {H, H, I};
+  std::map<std::string, moekit::SafetensorsWriteTensor> t;
+  std::deque<std::vector<uint8_t>> store;
+  {
+    SafetensorsFile f(file);
+    for (const auto& n : f.names()) {
+      const uint8_t* d = static_cast<const uint8_t*>(f.data(n));
+      store.emplace_back(d, d + f.info(n).nbytes());
+      t[n] = {f.dtype(n), f.shape(n), {store.back().data(), store.back().size()}};
+    }
+  }
+  for (size_t p = 0; p < 3; ++p) {
+    std::vector<uint8_t>& q = store.emplace_back(rows[p] * cols[p] / 2);
+    std::vector<uint8_t>& s = store.emplace_back(rows[p] * cols[p] / 32);
+    for (size_t r = 0; r < rows[p]; ++r) {
+      for (size_t k = 0; k < cols[p]; k += 2)
+        q[(r * cols[p] + k) / 2] = uint8_t(nib(p, r, k) | nib(p, r, k + 1) << 4);
+      for (size_t g = 0; g < cols[p] / 32; ++g) s[r * (cols[p] / 32) + g] = sc(p, r, g);
+    }
+    // Written as F8_E4M3 (one byte each), then the header says I8 / F8_E8M0.
+    t[base + parts[p] + ".weight"] = {DType::F8_E4M3, {int64_t(rows[p]), int64_t(cols[p] / 2)},
+                                      {q.data(), q.size()}};
+    t[base + parts[p] + ".scale"] = {DType::F8_E4M3, {int64_t(rows[p]), int64_t(cols[p] / 32)},
+                                     {s.data(), s.size()}};
+  }
+  moekit::write_safetensors(file, t);
+  for (const char* part : parts) {
+    moekit::test::replace_tensor_dtype(file, base + part + ".weight", "\"F8_E4M3\"", "\"I8\"     ");
+    moekit::test::replace_tensor_dtype(file, base + part + ".scale", "\"F8_E4M3\"", "\"F8_E8M0\"");
+  }
+  fs::remove(dir + "/model.safetensors.index.json");  // the index lacks the new .scale tensors
+  auto l = moekit::load_checkpoint_weights(spec, L, dir);
+  const auto v = l->expert(2);
+  for (size_t r = 0; r < I; ++r) {
+    for (size_t c = 0; c < H; ++c) {
+      ASSERT_EQ(moekit::bf16_to_float(v.w13[r * H + c]), value(0, r, c)) << r << "," << c;
+      ASSERT_EQ(moekit::bf16_to_float(v.w13[(I + r) * H + c]), value(1, r, c)) << r << "," << c;
+    }
+  }
+  for (size_t r = 0; r < H; ++r)
+    for (size_t c = 0; c < I; ++c) ASSERT_EQ(moekit::bf16_to_float(v.w2[r * I + c]), value(2, r, c));
+  // The other experts are untouched bf16.
+  EXPECT_EQ(std::memcmp(l->expert(1).w13, w->expert(1).w13, 2 * I * H * 2), 0);
+}
+}  // namespace

@@ -24,7 +24,8 @@ CheckpointDir::CheckpointDir(const std::string& path) : path_(path) {
     for (const std::string& n : f->names()) file_of_[n] = path;
     return;
   }
-  MK_CHECK(fs::is_directory(st), "checkpoint path " << path << " is neither a directory nor a file");
+  MK_CHECK(fs::is_directory(st),
+           "checkpoint path " << path << " is neither a directory nor a file");
 
   const fs::path index = fs::path(path) / "model.safetensors.index.json";
   if (fs::exists(index)) {
@@ -44,8 +45,8 @@ CheckpointDir::CheckpointDir(const std::string& path) : path_(path) {
                                                      << file.dump());
       const std::string f = file.get<std::string>();
       MK_CHECK(f.find("..") == std::string::npos && !f.empty() && f[0] != '/',
-               "checkpoint index " << index.string() << ": weight_map['" << name
-                                   << "'] = '" << f << "' must name a file inside the directory");
+               "checkpoint index " << index.string() << ": weight_map['" << name << "'] = '" << f
+                                   << "' must name a file inside the directory");
       file_of_[name] = (fs::path(path) / f).string();
     }
     return;

@@ -193,7 +193,8 @@ std::vector<std::string> checkpoint_tensor_names(const MoeSpec& spec, int layer,
   const io::NameScheme s = io::name_scheme(naming);
   const std::string p = io::expand(io::default_layer_prefix(naming, spec), layer);
   std::vector<std::string> names = {p + s.router};
-  if (spec.has_correction_bias && !s.correction_bias.empty()) names.push_back(p + s.correction_bias);
+  if (spec.has_correction_bias && !s.correction_bias.empty())
+    names.push_back(p + s.correction_bias);
   if (spec.has_router_bias && !s.router_bias.empty()) names.push_back(p + s.router_bias);
   if (stacked || s.expert_gate.empty()) {
     names.push_back(p + s.stacked_gate_up);
@@ -216,9 +217,10 @@ std::vector<std::string> checkpoint_tensor_names(const MoeSpec& spec, int layer,
     names.push_back(p + s.shared_up);
     names.push_back(p + s.shared_down);
     if (spec.shared_kind == SharedKind::Gated) {
-      MK_CHECK(!s.shared_expert_gate.empty(),
-               "naming " << checkpoint_naming_name(naming) << " has no shared-expert gate, but spec "
-                         << spec.name << " has a gated shared expert");
+      MK_CHECK(!s.shared_expert_gate.empty(), "naming " << checkpoint_naming_name(naming)
+                                                        << " has no shared-expert gate, but spec "
+                                                        << spec.name
+                                                        << " has a gated shared expert");
       names.push_back(p + s.shared_expert_gate);
     }
   }

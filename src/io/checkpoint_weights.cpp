@@ -70,9 +70,10 @@ void read_bf16(const MatrixSrc& m, Bf16* out) {
     const size_t groups = m.cols / io::kMxBlock;
     std::vector<float> row(m.cols);
     std::vector<float> scales(groups);
+    const std::string where = m.scale.where();
     for (size_t r = 0; r < m.rows; ++r) {
       for (size_t g = 0; g < groups; ++g)
-        scales[g] = io::scale_value(sd, scale, m.scale_offset + r * groups + g, m.scale.where());
+        scales[g] = io::scale_value(sd, scale, m.scale_offset + r * groups + g, where);
       io::decode_mxfp4_row(blocks + r * m.cols / 2, scales.data(), groups, row.data());
       for (size_t c = 0; c < m.cols; ++c) out[r * m.cols + c] = float_to_bf16(row[c]);
     }
