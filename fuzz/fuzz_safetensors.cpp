@@ -40,8 +40,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (t.dtype_supported) {
         const moekit::DType d = f.dtype(name);
         if (t.numel() * moekit::dtype_size(d) != t.nbytes()) fail("span != numel x size: " + name);
+        const void* values = f.data(name);
         for (uint64_t i = 0; i < t.numel(); ++i) {
-          checksum += static_cast<uint64_t>(moekit::load_as_float(d, f.data(name), i) != 0.0f);
+          checksum += static_cast<uint64_t>(moekit::load_as_float(d, values, i) != 0.0f);
         }
       }
     }

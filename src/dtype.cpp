@@ -78,23 +78,22 @@ float fp8_e4m3_to_float(uint8_t b) {
 }
 
 uint8_t float_to_fp8_e4m3(float f) {
-  // Saturating (as torch's float8_e4m3fn cast of finite values does not saturate, we only use this
-  // for test data, where saturation keeps values meaningful). Exhaustive search over the 256 codes
-  // is simple and exact; speed does not matter here.
+  // Saturating to +-448 (test data only: saturation keeps values meaningful). The magnitude is
+  // found by search over the 127 finite non-negative codes, round half to even; exact and simple,
+  // speed does not matter here. The sign is copied, so -0 stays -0 and +0 stays +0.
   if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const float a = std::fabs(f);
   uint8_t best = 0;
   float best_err = INFINITY;
-  for (int c = 0; c < 256; ++c) {
-    float v = fp8_e4m3_to_float(static_cast<uint8_t>(c));
-    if (std::isnan(v)) continue;
-    float err = std::fabs(v - f);
-    // ties: prefer even mantissa (round half to even)
+  for (int c = 0; c < 127; ++c) {
+    const float err = std::fabs(fp8_e4m3_to_float(static_cast<uint8_t>(c)) - a);
     if (err < best_err || (err == best_err && (c & 1) == 0)) {
       best_err = err;
       best = static_cast<uint8_t>(c);
     }
   }
-  return best;
+  return sign | best;
 }
 
 float load_as_float(DType t, const void* data, size_t i) {

@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <vector>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "moekit/safetensors.h"
 #include "moekit/spec.h"
@@ -37,8 +37,10 @@ inline MoeSpec small_spec(const std::string& model, SmallSizes z = {}) {
   for (const char* k : {"n_routed_experts", "num_experts", "num_local_experts"})
     if (c.contains(k)) c[k] = z.experts;
   const bool has_moe_inter = c.contains("moe_intermediate_size");
-  if (has_moe_inter) c["moe_intermediate_size"] = z.inter;
-  else c["intermediate_size"] = z.inter;
+  if (has_moe_inter)
+    c["moe_intermediate_size"] = z.inter;
+  else
+    c["intermediate_size"] = z.inter;
   if (c.contains("shared_expert_intermediate_size"))
     c["shared_expert_intermediate_size"] = z.shared_multiple * z.inter;
   if (c.contains("shared_intermediate_size")) c["shared_intermediate_size"] = z.inter;

@@ -95,6 +95,10 @@ TEST_P(BadConfig, RefusedNamingKeyAndValue) {
 
 const ConfigCase kConfigCases[] = {
     {"NotJson", "", nullptr, {"config 'bad' is not valid JSON"}, "{\"hidden_size\": 7168,"},
+    // Found by fuzz/fuzz_spec: nlohmann throws out_of_range (not parse_error) for a number
+    // beyond double, which escaped parse_spec_json as a foreign exception.
+    {"NumberBeyondDouble", "", nullptr, {"config 'bad' is not valid JSON", "number overflow"},
+     R"({"model_type": "deepseek_v3", "hidden_size": 9e956})"},
     {"NotAnObject", "", nullptr, {"config 'bad' must be a JSON object, got array"}, "[1, 2]"},
     {"MissingModelType", "mixtral-8x7b", [](json& c) { c.erase("model_type"); c.erase("architectures"); },
      {"missing key 'model_type'"}},

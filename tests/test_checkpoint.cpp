@@ -1,7 +1,7 @@
-// Checkpoints: every family's published names round-trip (save_checkpoint -> load_checkpoint_weights
-// gives back the same bits), in per-expert and stacked forms and every stored dtype; gpt-oss's
-// interleaved and MXFP4 layouts decode to moekit's layout; every malformed checkpoint is refused
-// naming the tensor, what was expected and what was found.
+// Checkpoints: every family's published names round-trip (save_checkpoint ->
+// load_checkpoint_weights gives back the same bits), in per-expert and stacked forms and every
+// stored dtype; gpt-oss's interleaved and MXFP4 layouts decode to moekit's layout; every malformed
+// checkpoint is refused naming the tensor, what was expected and what was found.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -44,7 +44,8 @@ int test_layer(const MoeSpec& s) {
 std::vector<float> router_f32(const LayerWeights& w) {
   const size_t n = size_t(w.spec().router_columns()) * w.spec().hidden;
   std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = moekit::load_as_float(w.router_dtype(), w.router_weight(), i);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = moekit::load_as_float(w.router_dtype(), w.router_weight(), i);
   return out;
 }
 
@@ -54,8 +55,9 @@ void expect_same_weights(const LayerWeights& a, const LayerWeights& b) {
   const size_t H = s.hidden, I = s.expert_intermediate, Is = s.shared_intermediate;
   ASSERT_EQ(router_f32(a), router_f32(b));
   if (a.router_dtype() == DType::BF16) EXPECT_EQ(b.router_dtype(), DType::BF16);
-  for (auto [x, y, n] : {std::tuple{a.correction_bias(), b.correction_bias(), size_t(s.num_experts)},
-                         std::tuple{a.router_bias(), b.router_bias(), size_t(s.num_experts)}}) {
+  for (auto [x, y, n] :
+       {std::tuple{a.correction_bias(), b.correction_bias(), size_t(s.num_experts)},
+        std::tuple{a.router_bias(), b.router_bias(), size_t(s.num_experts)}}) {
     ASSERT_EQ(x == nullptr, y == nullptr);
     if (x) EXPECT_EQ(std::memcmp(x, y, n * 4), 0);
   }
@@ -110,6 +112,8 @@ TEST_P(CheckpointRoundTrip, PerExpertAndStacked) {
 
   auto loaded = moekit::load_checkpoint_weights(spec, L, dir);
   EXPECT_EQ(loaded->materialised_experts(), 0);
+  loaded->prefetch({0, 1, 2, 3, 4, 5, 6, 7});  // concurrent first use
+  EXPECT_EQ(loaded->materialised_experts(), 8);
   EXPECT_THAT(loaded->origin(), HasSubstr(std::string(c.naming) + " naming"));
   expect_same_weights(*w, *loaded);
   EXPECT_EQ(loaded->materialised_experts(), spec.num_experts + spec.shared_slots());
@@ -129,16 +133,20 @@ INSTANTIATE_TEST_SUITE_P(
     Families, CheckpointRoundTrip,
     ::testing::Values(
         FamilyCase{"deepseek-v3", "hf-mlp", "model.layers.{L}.mlp.gate.e_score_correction_bias"},
-        FamilyCase{"deepseek-v2-lite", "hf-mlp", "model.layers.{L}.mlp.shared_experts.up_proj.weight"},
+        FamilyCase{"deepseek-v2-lite", "hf-mlp",
+                   "model.layers.{L}.mlp.shared_experts.up_proj.weight"},
         FamilyCase{"kimi-k2", "hf-mlp", "model.layers.{L}.mlp.experts.7.down_proj.weight"},
         FamilyCase{"glm-4.5", "hf-mlp", "model.layers.{L}.mlp.gate.weight"},
         FamilyCase{"glm-5", "hf-mlp", "model.layers.{L}.mlp.shared_experts.gate_proj.weight"},
         FamilyCase{"qwen3-30b-a3b", "hf-mlp", "model.layers.{L}.mlp.experts.0.gate_proj.weight"},
         FamilyCase{"qwen2-57b-a14b", "qwen2-moe", "model.layers.{L}.mlp.shared_expert_gate.weight"},
-        FamilyCase{"mixtral-8x7b", "mixtral", "model.layers.{L}.block_sparse_moe.experts.3.w3.weight"},
-        FamilyCase{"minimax-m2", "minimax", "model.layers.{L}.block_sparse_moe.e_score_correction_bias"},
-        FamilyCase{"minimax-m3", "minimax",
-                   "language_model.model.layers.{L}.block_sparse_moe.shared_experts.down_proj.weight"},
+        FamilyCase{"mixtral-8x7b", "mixtral",
+                   "model.layers.{L}.block_sparse_moe.experts.3.w3.weight"},
+        FamilyCase{"minimax-m2", "minimax",
+                   "model.layers.{L}.block_sparse_moe.e_score_correction_bias"},
+        FamilyCase{
+            "minimax-m3", "minimax",
+            "language_model.model.layers.{L}.block_sparse_moe.shared_experts.down_proj.weight"},
         FamilyCase{"deepseek-v4-flash", "deepseek-v4", "layers.{L}.ffn.gate.bias"},
         FamilyCase{"gpt-oss-120b", "gpt-oss", "model.layers.{L}.mlp.experts.gate_up_proj_bias"}),
     [](const auto& info) {
@@ -251,8 +259,9 @@ TEST(Checkpoint, SeveralLayersInOneIndexedDirectoryAndWithoutIndex) {
   fs::remove(dir + "/model.safetensors.index.json");
   expect_same_weights(*w2, *moekit::load_checkpoint_weights(spec, L2, dir));
   // A single file works as a checkpoint path too.
-  expect_same_weights(*w1, *moekit::load_checkpoint_weights(
-                               spec, L1, dir + "/model-layer-" + std::to_string(L1) + ".safetensors"));
+  expect_same_weights(*w1,
+                      *moekit::load_checkpoint_weights(
+                          spec, L1, dir + "/model-layer-" + std::to_string(L1) + ".safetensors"));
 }
 
 TEST(Checkpoint, OtherFamiliesNamesAndPrefixesAreFound) {
@@ -281,7 +290,8 @@ TEST(Checkpoint, GptOssMxfp4DecodesToMoekitLayout) {
   const std::string p = "model.layers." + std::to_string(L) + ".mlp.";
   // Blocks: nibbles and scales from a simple hash; the expected value of element (row, k) is
   // fp4[nibble] * 2^(scale - 127), with element 2b in the low nibble of byte b.
-  static const float kFp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  static const float kFp4[16] = {0,    0.5f,  1,  1.5f,  2,  3,  4,  6,
+                                 -0.f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
   auto nibble = [](size_t row, size_t k) { return uint8_t((row * 7 + k * 13 + k / 5) % 16); };
   auto scale = [](size_t row, size_t g) { return uint8_t(120 + (row + 3 * g) % 9); };
   auto value = [&](size_t row, size_t k) {
@@ -304,14 +314,22 @@ TEST(Checkpoint, GptOssMxfp4DecodesToMoekitLayout) {
   std::vector<float> router(E * H, 0.01f), router_bias(E, 0.0f);
   std::map<std::string, moekit::SafetensorsWriteTensor> t;
   // U8 is not a moekit DType: the writer only writes F8_E4M3 (1 byte), then the header is patched.
-  t[p + "experts.gate_up_proj_blocks"] = {DType::F8_E4M3, {e, 2 * i, h / 32, 16}, moekit::as_bytes_span(gub.data(), gub.size())};
-  t[p + "experts.gate_up_proj_scales"] = {DType::F8_E4M3, {e, 2 * i, h / 32}, moekit::as_bytes_span(gus.data(), gus.size())};
-  t[p + "experts.down_proj_blocks"] = {DType::F8_E4M3, {e, h, i / 32, 16}, moekit::as_bytes_span(dnb.data(), dnb.size())};
-  t[p + "experts.down_proj_scales"] = {DType::F8_E4M3, {e, h, i / 32}, moekit::as_bytes_span(dns.data(), dns.size())};
-  t[p + "experts.gate_up_proj_bias"] = {DType::F32, {e, 2 * i}, moekit::as_bytes_span(gu_bias.data(), gu_bias.size())};
-  t[p + "experts.down_proj_bias"] = {DType::F32, {e, h}, moekit::as_bytes_span(dn_bias.data(), dn_bias.size())};
-  t[p + "router.weight"] = {DType::F32, {e, h}, moekit::as_bytes_span(router.data(), router.size())};
-  t[p + "router.bias"] = {DType::F32, {e}, moekit::as_bytes_span(router_bias.data(), router_bias.size())};
+  t[p + "experts.gate_up_proj_blocks"] = {
+      DType::F8_E4M3, {e, 2 * i, h / 32, 16}, moekit::as_bytes_span(gub.data(), gub.size())};
+  t[p + "experts.gate_up_proj_scales"] = {
+      DType::F8_E4M3, {e, 2 * i, h / 32}, moekit::as_bytes_span(gus.data(), gus.size())};
+  t[p + "experts.down_proj_blocks"] = {
+      DType::F8_E4M3, {e, h, i / 32, 16}, moekit::as_bytes_span(dnb.data(), dnb.size())};
+  t[p + "experts.down_proj_scales"] = {
+      DType::F8_E4M3, {e, h, i / 32}, moekit::as_bytes_span(dns.data(), dns.size())};
+  t[p + "experts.gate_up_proj_bias"] = {
+      DType::F32, {e, 2 * i}, moekit::as_bytes_span(gu_bias.data(), gu_bias.size())};
+  t[p + "experts.down_proj_bias"] = {
+      DType::F32, {e, h}, moekit::as_bytes_span(dn_bias.data(), dn_bias.size())};
+  t[p + "router.weight"] = {
+      DType::F32, {e, h}, moekit::as_bytes_span(router.data(), router.size())};
+  t[p + "router.bias"] = {
+      DType::F32, {e}, moekit::as_bytes_span(router_bias.data(), router_bias.size())};
   const std::string file = dir + "/model.safetensors";
   moekit::write_safetensors(file, t);
   moekit::test::replace_in_file(file, "\"F8_E4M3\"", "\"U8\"     ");  // same length: offsets hold
@@ -388,9 +406,11 @@ TEST(CheckpointErrors, MissingExpertTensor) {
   const std::string victim = c.name("experts.5.up_proj.weight");
   c.rewrite([&](const std::string& n, auto&, auto&) { return n != victim; });
   // The index still lists it: a stale index is reported as such.
-  expect_error([&] { c.load(); }, {"the index puts tensor '" + victim + "'", "which does not hold it"});
+  expect_error([&] { c.load(); },
+               {"the index puts tensor '" + victim + "'", "which does not hold it"});
   fs::remove(c.dir + "/model.safetensors.index.json");
-  expect_error([&] { c.load(); }, {"has no tensor '" + victim + "'", "expert up_proj", "hf-mlp naming"});
+  expect_error([&] { c.load(); },
+               {"has no tensor '" + victim + "'", "expert up_proj", "hf-mlp naming"});
 }
 
 TEST(CheckpointErrors, WrongExpertShape) {
@@ -417,7 +437,8 @@ TEST(CheckpointErrors, WrongRouterShape) {
     }
     return true;
   });
-  expect_error([&] { c.load(); }, {victim, "expected shape [16, 64] (router weight, E x H), got [8, 64]"});
+  expect_error([&] { c.load(); },
+               {victim, "expected shape [16, 64] (router weight, E x H), got [8, 64]"});
 }
 
 TEST(CheckpointErrors, Fp8WithoutBlockScale) {
@@ -452,7 +473,8 @@ TEST(CheckpointErrors, Fp8BlockScaleOfWrongShape) {
     moekit::write_safetensors(c.dir + "/scale.safetensors", extra);
     fs::remove(c.dir + "/model.safetensors.index.json");  // found by scanning the directory
   }
-  expect_error([&] { c.load(); }, {victim + "_scale_inv", "expected shape [1, 1] (128x128 blocks), got [2, 2]"});
+  expect_error([&] { c.load(); },
+               {victim + "_scale_inv", "expected shape [1, 1] (128x128 blocks), got [2, 2]"});
 }
 
 TEST(CheckpointErrors, UnsupportedDtype) {
@@ -478,15 +500,16 @@ TEST(CheckpointErrors, SharedExpertMissingFromNaming) {
   auto w = moekit::make_random_weights(q, 3, 1);
   const std::string dir = scratch_dir();
   moekit::save_checkpoint(*w, dir, CheckpointNaming::Auto);
-  expect_error([&] { moekit::load_checkpoint_weights(ds, 3, dir); },
-               {"has no tensor 'model.layers.3.mlp.shared_experts.gate_proj.weight'",
-                "shared gate_proj"});
+  expect_error(
+      [&] { moekit::load_checkpoint_weights(ds, 3, dir); },
+      {"has no tensor 'model.layers.3.mlp.shared_experts.gate_proj.weight'", "shared gate_proj"});
 }
 
 TEST(CheckpointErrors, DirectoryProblems) {
   const std::string dir = scratch_dir();
   const MoeSpec spec = small_spec("qwen3-30b-a3b");
-  expect_error([&] { moekit::load_checkpoint_weights(spec, 3, dir + "/nope"); }, {"does not exist"});
+  expect_error([&] { moekit::load_checkpoint_weights(spec, 3, dir + "/nope"); },
+               {"does not exist"});
   expect_error([&] { moekit::load_checkpoint_weights(spec, 3, dir); },
                {"holds no *.safetensors files"});
   std::ofstream(dir + "/model.safetensors.index.json") << "{\"weight_map\": {\"a\": ";
@@ -513,8 +536,8 @@ TEST(CheckpointErrors, IndexPointsAtTheWrongFile) {
   auto j = nlohmann::json::parse(in);
   j["weight_map"][c.name("gate.weight")] = "model-layer-5.safetensors";
   std::ofstream(c.dir + "/model.safetensors.index.json") << j.dump();
-  expect_error([&] { c.load(); }, {"the index puts tensor '" + c.name("gate.weight") + "'",
-                                   "which does not hold it"});
+  expect_error([&] { c.load(); },
+               {"the index puts tensor '" + c.name("gate.weight") + "'", "which does not hold it"});
 }
 
 TEST(CheckpointErrors, HashRoutedDeepSeekV4Layer) {
@@ -557,7 +580,8 @@ namespace {
 // The fast fp8 encoder of the checkpoint writer agrees with the exhaustive reference
 // (moekit::float_to_fp8_e4m3) on every value that matters: all codes, midpoints, out of range.
 TEST(Fp8Encode, MatchesExhaustiveSearch) {
-  std::vector<float> values = {0.0f, 1e-9f, -1e-9f, 448.0f, 449.0f, 1e6f, -1e6f, 464.0f, 0.0009765625f};
+  std::vector<float> values = {0.0f, 1e-9f, -1e-9f, 448.0f,       449.0f,
+                               1e6f, -1e6f, 464.0f, 0.0009765625f};
   for (int c = 0; c < 256; ++c) {
     const float v = moekit::fp8_e4m3_to_float(uint8_t(c));
     if (std::isnan(v)) continue;
@@ -593,8 +617,11 @@ TEST(Checkpoint, DeepSeekV4Fp4ExpertsDecode) {
   auto w = moekit::make_random_weights(spec, L, 12);
   const std::string dir = scratch_dir();
   const std::string file = moekit::save_checkpoint(*w, dir, CheckpointNaming::Auto);
-  static const float kFp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
-  auto nib = [](size_t t, size_t r, size_t k) { return uint8_t((t * 5 + r * 3 + k * 11 + k / 7) % 16); };
+  static const float kFp4[16] = {0,    0.5f,  1,  1.5f,  2,  3,  4,  6,
+                                 -0.f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  auto nib = [](size_t t, size_t r, size_t k) {
+    return uint8_t((t * 5 + r * 3 + k * 11 + k / 7) % 16);
+  };
   auto sc = [](size_t t, size_t r, size_t g) { return uint8_t(118 + (t + r + 5 * g) % 11); };
   auto value = [&](size_t t, size_t r, size_t k) {
     return kFp4[nib(t, r, k)] * std::ldexp(1.0f, int(sc(t, r, k / 32)) - 127);
@@ -621,10 +648,10 @@ TEST(Checkpoint, DeepSeekV4Fp4ExpertsDecode) {
       for (size_t g = 0; g < cols[p] / 32; ++g) s[r * (cols[p] / 32) + g] = sc(p, r, g);
     }
     // Written as F8_E4M3 (one byte each), then the header says I8 / F8_E8M0.
-    t[base + parts[p] + ".weight"] = {DType::F8_E4M3, {int64_t(rows[p]), int64_t(cols[p] / 2)},
-                                      {q.data(), q.size()}};
-    t[base + parts[p] + ".scale"] = {DType::F8_E4M3, {int64_t(rows[p]), int64_t(cols[p] / 32)},
-                                     {s.data(), s.size()}};
+    t[base + parts[p] + ".weight"] = {
+        DType::F8_E4M3, {int64_t(rows[p]), int64_t(cols[p] / 2)}, {q.data(), q.size()}};
+    t[base + parts[p] + ".scale"] = {
+        DType::F8_E4M3, {int64_t(rows[p]), int64_t(cols[p] / 32)}, {s.data(), s.size()}};
   }
   moekit::write_safetensors(file, t);
   for (const char* part : parts) {
@@ -641,8 +668,44 @@ TEST(Checkpoint, DeepSeekV4Fp4ExpertsDecode) {
     }
   }
   for (size_t r = 0; r < H; ++r)
-    for (size_t c = 0; c < I; ++c) ASSERT_EQ(moekit::bf16_to_float(v.w2[r * I + c]), value(2, r, c));
+    for (size_t c = 0; c < I; ++c)
+      ASSERT_EQ(moekit::bf16_to_float(v.w2[r * I + c]), value(2, r, c));
   // The other experts are untouched bf16.
   EXPECT_EQ(std::memcmp(l->expert(1).w13, w->expert(1).w13, 2 * I * H * 2), 0);
+}
+}  // namespace
+
+namespace {
+TEST(CheckpointNames, ParseAndList) {
+  for (const char* n :
+       {"auto", "hf-mlp", "qwen2-moe", "mixtral", "minimax", "deepseek-v4", "gpt-oss"})
+    EXPECT_STREQ(moekit::checkpoint_naming_name(moekit::parse_checkpoint_naming(n)), n);
+  try {
+    moekit::parse_checkpoint_naming("llama");
+    FAIL();
+  } catch (const moekit::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unknown checkpoint naming 'llama'"));
+  }
+  const MoeSpec spec = small_spec("qwen2-57b-a14b");
+  const auto stacked = moekit::checkpoint_tensor_names(spec, 2, CheckpointNaming::Auto, true);
+  EXPECT_EQ(stacked, (std::vector<std::string>{"model.layers.2.mlp.gate.weight",
+                                               "model.layers.2.mlp.experts.gate_up_proj",
+                                               "model.layers.2.mlp.experts.down_proj",
+                                               "model.layers.2.mlp.shared_expert.gate_proj.weight",
+                                               "model.layers.2.mlp.shared_expert.up_proj.weight",
+                                               "model.layers.2.mlp.shared_expert.down_proj.weight",
+                                               "model.layers.2.mlp.shared_expert_gate.weight"}));
+  const auto per_expert =
+      moekit::checkpoint_tensor_names(small_spec("mixtral-8x7b"), 0, CheckpointNaming::Auto);
+  ASSERT_EQ(per_expert.size(), 1u + 3 * 16);
+  EXPECT_EQ(per_expert[1], "model.layers.0.block_sparse_moe.experts.0.w1.weight");
+  EXPECT_EQ(per_expert[2], "model.layers.0.block_sparse_moe.experts.0.w3.weight");
+  EXPECT_EQ(per_expert[3], "model.layers.0.block_sparse_moe.experts.0.w2.weight");
+  try {
+    moekit::checkpoint_tensor_names(spec, 2, CheckpointNaming::Mixtral);
+    FAIL();
+  } catch (const moekit::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("naming mixtral has no shared-expert names"));
+  }
 }
 }  // namespace

@@ -60,21 +60,22 @@ std::string read_config(const std::string& model) {
 
 // A real config.json scaled down to H = kHidden, E = kExperts, I = kInter; the shared width keeps
 // its number of I-wide slots, groups and top-k are untouched.
-MoeSpec shrunk_spec(const std::string& model) {
+MoeSpec shrunk_spec(const std::string& model, int hidden = kHidden, int inter = kInter,
+                    int experts = kExperts) {
   nlohmann::json top = nlohmann::json::parse(read_config(model));
   nlohmann::json& c = top.contains("text_config") ? top["text_config"] : top;
-  c["hidden_size"] = kHidden;
+  c["hidden_size"] = hidden;
   const char* inter_key =
       c.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size";
   const int orig_inter = c[inter_key].get<int>();
-  c[inter_key] = kInter;
+  c[inter_key] = inter;
   for (const char* key : {"n_routed_experts", "num_experts", "num_local_experts"})
-    if (c.contains(key)) c[key] = kExperts;
+    if (c.contains(key)) c[key] = experts;
   for (const char* key : {"shared_expert_intermediate_size", "shared_intermediate_size"}) {
     if (c.contains(key) && c[key].get<int>() > 0) {
       const int width = c[key].get<int>();
       EXPECT_EQ(width % orig_inter, 0) << model << " " << key;
-      c[key] = width / orig_inter * kInter;
+      c[key] = width / orig_inter * inter;
     }
   }
   return parse_spec_json(top.dump(), model + "-shrunk");
@@ -233,6 +234,38 @@ TEST(CpuFast, RealShapesMatchReference) {
       opt.use_bf16_dot = ic.bf16_dot;
       const ForwardResult fast = cpu_fast::forward(*w, x.data(), tokens, FuseShared::Auto, opt);
       expect_matches(fast, ref, model + " " + ic.name);
+    }
+  }
+}
+
+// Shapes large enough that the router GEMM and the combine run as parallel phases (small ones run
+// on the calling thread), checked against the reference with 1 and 3 threads.
+TEST(CpuFast, LargerShapesUseParallelRouterAndCombine) {
+  for (const std::string model : {"qwen3-30b-a3b", "deepseek-v3", "minimax-m2"}) {
+    const MoeSpec spec = shrunk_spec(model, 1040, 48, 64);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 11);
+    const int tokens = 160;
+    ASSERT_GT(static_cast<double>(tokens) * spec.router_columns() * spec.hidden, 4e6);
+    ASSERT_GT(static_cast<double>(tokens) * spec.top_k * spec.hidden, 1e6);
+    const std::vector<Bf16> x = random_input(tokens, spec.hidden, 13, 1.0f);
+    std::vector<FuseShared> fuses = {FuseShared::Auto};
+    if (spec.shared_kind != SharedKind::None) fuses = {FuseShared::On, FuseShared::Off};
+    for (FuseShared fuse : fuses) {
+      const ForwardResult ref = cpu_reference::forward(*w, x.data(), tokens, fuse);
+      std::vector<float> first_y;
+      for (int threads : {1, 3}) {
+        cpu_fast::FastOptions opt;
+        opt.threads = threads;
+        const std::string what = model + " fuse " + fuse_shared_name(fuse) + " threads " +
+                                 std::to_string(threads);
+        const ForwardResult fast = cpu_fast::forward(*w, x.data(), tokens, fuse, opt);
+        expect_matches(fast, ref, what);
+        if (first_y.empty()) {
+          first_y = fast.y;
+        } else {
+          EXPECT_TRUE(fast.y == first_y) << what << ": y depends on the thread count";
+        }
+      }
     }
   }
 }

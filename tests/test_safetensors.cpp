@@ -63,8 +63,8 @@ TEST(Safetensors, RoundTripEveryDtype) {
   moekit::write_safetensors(path, tensors, {{"format", "pt"}, {"note", "moekit test"}});
 
   SafetensorsFile f(path);
-  EXPECT_EQ(f.names(), (std::vector<std::string>{"a.f8", "b.bf16", "c.f16", "d.f32", "e.scalar",
-                                                 "f.empty"}));
+  EXPECT_EQ(f.names(),
+            (std::vector<std::string>{"a.f8", "b.bf16", "c.f16", "d.f32", "e.scalar", "f.empty"}));
   EXPECT_EQ(f.metadata().at("format"), "pt");
   EXPECT_EQ(f.metadata().at("note"), "moekit test");
   for (const auto& [name, t] : tensors) {
@@ -147,7 +147,8 @@ TEST(Safetensors, OffsetsOutOfRange) {
 TEST(Safetensors, ByteSpanMustMatchShape) {
   const std::string path = scratch_dir() + "/span.safetensors";
   write_raw(path, R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})", 24);
-  expect_open_error(path, {"tensor 'w'", "shape [2, 3] of F32 needs 24 bytes, data_offsets span 20"});
+  expect_open_error(path,
+                    {"tensor 'w'", "shape [2, 3] of F32 needs 24 bytes, data_offsets span 20"});
   // Known but unsupported dtypes are size-checked too.
   write_raw(path, R"({"ids": {"dtype": "I64", "shape": [3], "data_offsets": [0, 16]}})", 24);
   expect_open_error(path, {"tensor 'ids'", "of I64 needs 24 bytes"});
@@ -155,9 +156,9 @@ TEST(Safetensors, ByteSpanMustMatchShape) {
 
 TEST(Safetensors, ShapeOverflow) {
   const std::string path = scratch_dir() + "/overflow.safetensors";
-  write_raw(path,
-            R"({"w": {"dtype": "BF16", "shape": [4611686018427387904, 8], "data_offsets": [0, 0]}})",
-            0);
+  write_raw(
+      path,
+      R"({"w": {"dtype": "BF16", "shape": [4611686018427387904, 8], "data_offsets": [0, 0]}})", 0);
   expect_open_error(path, {"tensor 'w'", "overflows 64 bits"});
   write_raw(path, R"({"w": {"dtype": "BF16", "shape": [2, -1], "data_offsets": [0, 0]}})", 0);
   expect_open_error(path, {"tensor 'w'", "non-negative integer dimensions"});

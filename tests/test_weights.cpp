@@ -17,8 +17,8 @@
 using moekit::Bf16;
 using moekit::DType;
 using moekit::LayerWeights;
-using moekit::MoeSpec;
 using moekit::make_random_weights;
+using moekit::MoeSpec;
 using moekit::test::small_spec;
 namespace rv = moekit::random_values;
 using ::testing::HasSubstr;
@@ -111,10 +111,10 @@ TEST(RandomWeights, GptOssBiases) {
   const auto ex = w->expert(4);
   ASSERT_NE(ex.b13, nullptr);
   ASSERT_NE(ex.b2, nullptr);
-  EXPECT_EQ(ex.b13[2 * s.expert_intermediate - 1],
-            rv::uniform(rv::stream_key(5, L, rv::Tensor::ExpertB13, 4),
-                        2 * s.expert_intermediate - 1) *
-                0.1f);
+  EXPECT_EQ(
+      ex.b13[2 * s.expert_intermediate - 1],
+      rv::uniform(rv::stream_key(5, L, rv::Tensor::ExpertB13, 4), 2 * s.expert_intermediate - 1) *
+          0.1f);
   EXPECT_EQ(ex.b2[s.hidden - 1],
             rv::uniform(rv::stream_key(5, L, rv::Tensor::ExpertB2, 4), s.hidden - 1) * 0.1f);
 }

@@ -4,27 +4,34 @@
 //
 // Per family, inside the layer prefix (model.layers.{L}. / language_model.model.layers.{L}. /
 // model.language_model.layers.{L}. / layers.{L}.):
-//   HfMlp       DeepSeek-V2/V3/V3.2, Kimi-K2, GLM-4.5/5, Qwen3-MoE:
-//               mlp.gate.weight [E,H], mlp.gate.e_score_correction_bias [E],
-//               mlp.experts.{e}.{gate,up,down}_proj.weight, mlp.shared_experts.{gate,up,down}_proj.weight
-//   Qwen2Moe    as HfMlp, shared MLP mlp.shared_expert.*_proj.weight, mlp.shared_expert_gate.weight [1,H]
-//   Mixtral     block_sparse_moe.gate.weight, block_sparse_moe.experts.{e}.{w1,w3,w2}.weight
-//               (w1 = gate, w3 = up, w2 = down)
-//   MiniMax     MiniMax-M2/M3: block_sparse_moe.gate.weight (fp32), block_sparse_moe.e_score_correction_bias,
-//               block_sparse_moe.experts.{e}.{w1,w3,w2}.weight,
-//               block_sparse_moe.shared_experts.{gate,up,down}_proj.weight (M3; M3's VL wrapper
-//               prefixes language_model.)
-//   DeepSeekV4  layers.{L}.ffn.gate.weight, ffn.gate.bias (correction bias), ffn.experts.{e}.{w1,w3,w2}.weight,
-//               ffn.shared_experts.{w1,w3,w2}.weight; fp8 block scales in <name>.scale
-//   GptOss      mlp.router.weight/bias, mlp.experts.gate_up_proj [E,H,2I] (gate = even columns,
-//               up = odd), gate_up_proj_bias [E,2I], down_proj [E,I,H], down_proj_bias [E,H]; the
-//               published MXFP4 form gate_up_proj_blocks/_scales, down_proj_blocks/_scales too
+//   HfMlp      DeepSeek-V2/V3/V3.2, Kimi-K2, GLM-4.5/5, Qwen3-MoE:
+//              mlp.gate.weight [E,H], mlp.gate.e_score_correction_bias [E],
+//              mlp.experts.{e}.{gate,up,down}_proj.weight,
+//              mlp.shared_experts.{gate,up,down}_proj.weight
+//   Qwen2Moe   as HfMlp, but the shared MLP is mlp.shared_expert.{gate,up,down}_proj.weight,
+//              plus mlp.shared_expert_gate.weight [1,H]
+//   Mixtral    block_sparse_moe.gate.weight,
+//              block_sparse_moe.experts.{e}.{w1,w3,w2}.weight (w1 gate, w3 up, w2 down)
+//   MiniMax    MiniMax-M2/M3: block_sparse_moe.gate.weight (fp32),
+//              block_sparse_moe.e_score_correction_bias,
+//              block_sparse_moe.experts.{e}.{w1,w3,w2}.weight,
+//              block_sparse_moe.shared_experts.{gate,up,down}_proj.weight (M3, whose VL wrapper
+//              prefixes language_model.)
+//   DeepSeekV4 layers.{L}.ffn.gate.weight, ffn.gate.bias (the correction bias),
+//              ffn.experts.{e}.{w1,w3,w2}.weight, ffn.shared_experts.{w1,w3,w2}.weight;
+//              block scales in <base>.scale; routed experts may be packed FP4 (below)
+//   GptOss     mlp.router.weight/bias, mlp.experts.gate_up_proj [E,H,2I] (gate = even columns,
+//              up = odd), gate_up_proj_bias [E,2I], down_proj [E,I,H], down_proj_bias [E,H];
+//              or the published MXFP4 form gate_up_proj_blocks [E,2I,H/32,16] + _scales
+//              [E,2I,H/32], down_proj_blocks [E,H,I/32,16] + _scales [E,H,I/32] (U8)
 // Every family but GptOss also loads from the transformers-5 stacked form:
-//   <block>.experts.gate_up_proj [E,2I,H] (gate rows, then up rows), <block>.experts.down_proj [E,H,I]
+//   <block>experts.gate_up_proj [E,2I,H] (gate rows, then up rows), <block>experts.down_proj
+//   [E,H,I].
 // Expert and shared weights may be BF16 (mapped, not copied, where the layout allows), F16 or F32
-// (converted to bf16, round to nearest even) or F8_E4M3 with a 128x128 block scale
-// (<name>_scale_inv as DeepSeek-V3 publishes it, or <name minus .weight>.scale as DeepSeek-V4 does;
-// F32, BF16 or F8_E8M0), dequantised to bf16 on first use of the expert.
+// (converted to bf16, round to nearest even), F8_E4M3 with a 128x128 block scale (<name>_scale_inv
+// as DeepSeek-V3 publishes it, or <name minus .weight>.scale as DeepSeek-V4 does; F32, BF16, F16
+// or F8_E8M0), or packed FP4 e2m1 (I8/U8 [N, K/2], low nibble = even column) with a 1x32 scale
+// [N, K/32] (DeepSeek-V4's routed experts); dequantised to bf16 on first use of the expert.
 #pragma once
 
 #include <string>
@@ -62,8 +69,7 @@ struct SaveCheckpointOptions {
 // there, so several layers can be saved into one directory). Returns the file written.
 std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
                             const SaveCheckpointOptions& options = {});
-std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
-                            CheckpointNaming naming);
+std::string save_checkpoint(const LayerWeights& w, const std::string& dir, CheckpointNaming naming);
 
 // The names of one MoE layer's tensors under a naming, per-expert or stacked form, as save writes
 // them (bf16; no scale tensors). For `moekit inspect` and for tests.

@@ -53,9 +53,28 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
 // Threads a forward with opt.threads = `requested` uses (0 = all cores).
 int resolve_threads(int requested);
 
-// Read bandwidth of this machine in bytes/s: `threads` threads (0 = all) each sum their slice of
-// a `bytes`-sized buffer, best of `repeats` passes after one warm pass. The buffer is first
-// touched by the threads that read it. Uses the SIMD path of resolve_isa(isa).
+// The read-bandwidth probe: a buffer of `bytes` (>= 1 GB to defeat caches) that pass() sums with
+// `threads` threads (0 = all) taking 4 MiB chunks dynamically, as the layer takes its units.
+// Benchmarks interleave passes with the timed forwards, so a shared machine's changing load
+// affects both alike. Uses the SIMD path of resolve_isa(isa).
+class ReadProbe {
+ public:
+  explicit ReadProbe(size_t bytes, Isa isa = Isa::Auto);
+  ~ReadProbe();
+  ReadProbe(const ReadProbe&) = delete;
+  ReadProbe& operator=(const ReadProbe&) = delete;
+  // One pass over the buffer; returns bytes/s.
+  double pass(int threads = 0);
+  size_t bytes() const { return count_ * sizeof(float); }
+
+ private:
+  float* data_ = nullptr;
+  size_t count_ = 0;
+  Isa isa_;
+  float sink_ = 0.0f;
+};
+
+// Best of `repeats` probe passes (after a warm one), in bytes/s.
 double measure_read_bandwidth(size_t bytes, int threads = 0, int repeats = 5, Isa isa = Isa::Auto);
 
 }  // namespace moekit::cpu_fast

@@ -45,5 +45,11 @@ namespace detail {
     }                                                                                    \
   } while (0)
 
-// MK_FAIL("unknown scoring_func '" << s << "'"): throws unconditionally.
-#define MK_FAIL(...) MK_CHECK(false, __VA_ARGS__)
+// MK_FAIL("unknown scoring_func '" << s << "'"): throws unconditionally (the compiler knows it
+// does not return, so no dummy return is needed after it).
+#define MK_FAIL(...)                                                                  \
+  do {                                                                                \
+    std::ostringstream mk_check_stream_;                                              \
+    mk_check_stream_ << __VA_ARGS__;                                                  \
+    ::moekit::detail::throw_error(mk_check_stream_.str(), __func__, __FILE__, __LINE__); \
+  } while (0)

@@ -24,11 +24,11 @@ namespace moekit {
 
 struct SafetensorsTensorInfo {
   std::string name;
-  std::string dtype_name;      // as written in the file ("BF16", "I64", ...)
+  std::string dtype_name;        // as written in the file ("BF16", "I64", ...)
   bool dtype_supported = false;  // one of moekit::DType
-  DType dtype = DType::BF16;   // meaningful only when dtype_supported
+  DType dtype = DType::BF16;     // meaningful only when dtype_supported
   std::vector<int64_t> shape;
-  uint64_t begin = 0;          // byte offsets within the data section
+  uint64_t begin = 0;  // byte offsets within the data section
   uint64_t end = 0;
   uint64_t nbytes() const { return end - begin; }
   uint64_t numel() const;

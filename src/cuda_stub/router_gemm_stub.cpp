@@ -17,6 +17,9 @@ std::vector<float> router_logits(const LayerWeights&, const Bf16*, int,
   no_cuda("cuda::router_logits");
 }
 
+void set_router_gemm_pdl(bool) { no_cuda("cuda::set_router_gemm_pdl"); }
+bool router_gemm_pdl() { return false; }
+
 RouterGemmDeviceInfo router_gemm_device_info() { no_cuda("cuda::router_gemm_device_info"); }
 
 struct RouterGemmTimer::Impl {};

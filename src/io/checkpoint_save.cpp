@@ -72,8 +72,8 @@ class TensorSet {
         sshape.push_back(static_cast<int64_t>(rb));
         sshape.push_back(static_cast<int64_t>(kb));
         auto& q = add(name, DType::F8_E4M3, std::move(shape), n);
-        const std::string scale_name = io::scale_names(name).at(
-            naming_ == CheckpointNaming::DeepSeekV4 ? 1 : 0);
+        const std::string scale_name =
+            io::scale_names(name).at(naming_ == CheckpointNaming::DeepSeekV4 ? 1 : 0);
         auto& s = add(scale_name, DType::F32, std::move(sshape), count * rb * kb * 4);
         for (size_t m = 0; m < count; ++m) {
           io::quantize_fp8_block(src + m * rows * cols, rows, cols, q.data() + m * rows * cols,
@@ -106,12 +106,12 @@ void merge_index(const std::string& dir, const std::string& file,
       MK_FAIL("cannot merge into checkpoint index " << index.string() << ": not valid JSON ("
                                                     << e.what() << ")");
     }
-    MK_CHECK(j.is_object(), "cannot merge into checkpoint index " << index.string()
-                                                                  << ": not a JSON object");
+    MK_CHECK(j.is_object(),
+             "cannot merge into checkpoint index " << index.string() << ": not a JSON object");
   }
   uint64_t total = 0;
-  if (j.contains("metadata") && j["metadata"].is_object() &&
-      j["metadata"].contains("total_size") && j["metadata"]["total_size"].is_number_unsigned())
+  if (j.contains("metadata") && j["metadata"].is_object() && j["metadata"].contains("total_size") &&
+      j["metadata"]["total_size"].is_number_unsigned())
     total = j["metadata"]["total_size"].get<uint64_t>();
   for (const auto& [name, t] : tensors) {
     j["weight_map"][name] = file;
@@ -139,8 +139,8 @@ std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
   const CheckpointNaming naming =
       o.naming == CheckpointNaming::Auto ? checkpoint_naming_for(spec) : o.naming;
   const io::NameScheme s = io::name_scheme(naming);
-  const std::string p =
-      io::expand(o.layer_prefix.empty() ? io::default_layer_prefix(naming, spec) : o.layer_prefix, L);
+  const std::string p = io::expand(
+      o.layer_prefix.empty() ? io::default_layer_prefix(naming, spec) : o.layer_prefix, L);
   const size_t E = spec.num_experts, H = spec.hidden, I = spec.expert_intermediate;
   const size_t Is = spec.shared_intermediate;
   const int64_t e64 = E, h64 = H, i64 = I, is64 = Is;
@@ -154,10 +154,9 @@ std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
   std::memcpy(out.add(p + s.router, w.router_dtype(), {e64, h64}, E * H * rsize).data(), router,
               E * H * rsize);
   if (spec.shared_kind == SharedKind::Gated) {
-    MK_CHECK(!s.shared_expert_gate.empty(), "save_checkpoint: naming "
-                                                << checkpoint_naming_name(naming)
-                                                << " has no shared-expert gate for spec "
-                                                << spec.name);
+    MK_CHECK(!s.shared_expert_gate.empty(),
+             "save_checkpoint: naming " << checkpoint_naming_name(naming)
+                                        << " has no shared-expert gate for spec " << spec.name);
     std::memcpy(out.add(p + s.shared_expert_gate, w.router_dtype(), {1, h64}, H * rsize).data(),
                 router + E * H * rsize, H * rsize);
   }
@@ -168,8 +167,8 @@ std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
     out.add_f32(p + s.correction_bias, {e64}, w.correction_bias(), E);
   }
   if (w.router_bias()) {
-    MK_CHECK(!s.router_bias.empty(), "save_checkpoint: naming " << checkpoint_naming_name(naming)
-                                                                << " has no router bias");
+    MK_CHECK(!s.router_bias.empty(),
+             "save_checkpoint: naming " << checkpoint_naming_name(naming) << " has no router bias");
     out.add_f32(p + s.router_bias, {e64}, w.router_bias(), E);
   }
 
@@ -236,7 +235,8 @@ std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
       o.file_name.empty() ? "model-layer-" + std::to_string(L) + ".safetensors" : o.file_name;
   const std::string path = (fs::path(dir) / file).string();
   write_safetensors(path, out.tensors(),
-                    {{"format", "pt"}, {"moekit_origin", w.origin()},
+                    {{"format", "pt"},
+                     {"moekit_origin", w.origin()},
                      {"moekit_naming", checkpoint_naming_name(naming)}});
   merge_index(dir, file, out.tensors());
   return path;

@@ -50,7 +50,7 @@ struct MatrixSrc {
   size_t rows = 0, cols = 0;
   DType dtype = DType::BF16;
   bool fp4 = false;  // packed e2m1, two per byte: offset counts bytes
-  TensorRef scale;  // F8_E4M3: [ceil(rows/128), ceil(cols/128)]; fp4: [rows, cols/32]
+  TensorRef scale;   // F8_E4M3: [ceil(rows/128), ceil(cols/128)]; fp4: [rows, cols/32]
   size_t scale_offset = 0;
 };
 
@@ -93,8 +93,8 @@ void read_bf16(const MatrixSrc& m, Bf16* out) {
 // Rows [0, rows) of a float tensor region, as fp32.
 void read_f32(const TensorRef& t, size_t offset, size_t count, float* out) {
   const DType d = t.file->dtype(t.name());
-  io::convert_to_f32(d, static_cast<const uint8_t*>(t.file->data(t.name())) + offset * dtype_size(d),
-                     count, out);
+  io::convert_to_f32(
+      d, static_cast<const uint8_t*>(t.file->data(t.name())) + offset * dtype_size(d), count, out);
 }
 
 enum class ExpertForm { PerExpert, Stacked, GptOssDense, GptOssMxfp4 };
@@ -212,8 +212,7 @@ class LayerTensors {
       if ((scale = dir_.find(sn))) break;
     }
     MK_CHECK(scale, "checkpoint tensor " << w.where() << " (" << what << ") is "
-                                         << w.info->dtype_name
-                                         << " but has no block scale: tried "
+                                         << w.info->dtype_name << " but has no block scale: tried "
                                          << quoted_list(candidates));
     MK_CHECK(scale.shape() == shape, "checkpoint tensor " << scale.where() << " (block scale of "
                                                           << what << "): expected shape "
@@ -527,8 +526,8 @@ std::unique_ptr<LayerWeights> load_checkpoint_weights(const MoeSpec& spec, int l
                                                       const std::string& dir) {
   MK_CHECK(spec.hidden > 0 && spec.num_experts > 0 && spec.expert_intermediate > 0,
            "spec " << spec.name << " has an empty MoE block");
-  MK_CHECK(spec.is_moe_layer(layer), "layer " << layer << " of " << spec.name
-                                              << " is not an MoE layer");
+  MK_CHECK(spec.is_moe_layer(layer),
+           "layer " << layer << " of " << spec.name << " is not an MoE layer");
   return std::make_unique<CheckpointLayerWeights>(spec, layer, dir);
 }
 

@@ -87,8 +87,8 @@ void check_host_memory(const MoeSpec& spec, int tokens, bool fused) {
   const size_t available = mem_available_bytes();
   if (available == 0) return;  // unknown: let the allocation itself fail
   MK_CHECK(needed <= available,
-           "needs " << gb(needed) << " GB of host memory for " << spec.name << " ("
-                    << tokens << " tokens, "
+           "needs " << gb(needed) << " GB of host memory for " << spec.name << " (" << tokens
+                    << " tokens, "
                     << std::min<size_t>(spec.num_experts, static_cast<size_t>(tokens) * spec.top_k)
                     << " experts" << (fused ? " + fused shared slots" : "") << "), "
                     << gb(available) << " GB available");

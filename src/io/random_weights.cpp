@@ -75,8 +75,7 @@ class RandomLayerWeights final : public LayerWeights {
       fill_bf16(shared_w13_.data(), shared_w13_.size(),
                 stream_key(seed, layer, Tensor::SharedW13, -1), weight_scale(spec.hidden));
       shared_w2_.resize(H * Is);
-      fill_bf16(shared_w2_.data(), shared_w2_.size(),
-                stream_key(seed, layer, Tensor::SharedW2, -1),
+      fill_bf16(shared_w2_.data(), shared_w2_.size(), stream_key(seed, layer, Tensor::SharedW2, -1),
                 weight_scale(spec.shared_intermediate));
     }
   }
@@ -121,11 +120,10 @@ class RandomLayerWeights final : public LayerWeights {
 
 std::unique_ptr<LayerWeights> make_random_weights(const MoeSpec& spec, int layer, uint64_t seed) {
   MK_CHECK(spec.hidden > 0 && spec.num_experts > 0 && spec.expert_intermediate > 0,
-           "spec " << spec.name << " has an empty MoE block: hidden " << spec.hidden
-                   << ", experts " << spec.num_experts << ", intermediate "
-                   << spec.expert_intermediate);
-  MK_CHECK(spec.is_moe_layer(layer), "layer " << layer << " of " << spec.name
-                                              << " is not an MoE layer");
+           "spec " << spec.name << " has an empty MoE block: hidden " << spec.hidden << ", experts "
+                   << spec.num_experts << ", intermediate " << spec.expert_intermediate);
+  MK_CHECK(spec.is_moe_layer(layer),
+           "layer " << layer << " of " << spec.name << " is not an MoE layer");
   return std::make_unique<RandomLayerWeights>(spec, layer, seed);
 }
 

@@ -36,10 +36,9 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 // span cannot be checked). Sub-byte types (F4, F6_*) are listed as unknown for the same reason.
 uint64_t safetensors_element_size(const std::string& d) {
   static const std::pair<const char*, uint64_t> kSizes[] = {
-      {"BOOL", 1}, {"U8", 1},      {"I8", 1},       {"F8_E5M2", 1}, {"F8_E4M3", 1},
-      {"F8_E8M0", 1}, {"I16", 2},  {"U16", 2},      {"F16", 2},     {"BF16", 2},
-      {"I32", 4},  {"U32", 4},     {"F32", 4},      {"I64", 8},     {"U64", 8},
-      {"F64", 8},  {"C64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+      {"F32", 4},  {"I64", 8}, {"U64", 8}, {"F64", 8},     {"C64", 8}};
   for (const auto& [name, size] : kSizes) {
     if (d == name) return size;
   }
@@ -65,8 +64,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 SafetensorsTensorInfo parse_tensor_entry(const std::string& path, const std::string& name,
                                          const json& v, uint64_t data_size) {
   const std::string where = "tensor '" + name + "' in " + path;
-  MK_CHECK(v.is_object(), where << ": expected an object {dtype, shape, data_offsets}, got "
-                                << v.type_name());
+  MK_CHECK(v.is_object(),
+           where << ": expected an object {dtype, shape, data_offsets}, got " << v.type_name());
   SafetensorsTensorInfo t;
   t.name = name;
 
@@ -82,8 +81,7 @@ SafetensorsTensorInfo parse_tensor_entry(const std::string& path, const std::str
            where << ": expected an array 'shape', got "
                  << (shape_it == v.end() ? "none" : shape_it->dump()));
   for (const json& d : *shape_it) {
-    MK_CHECK(d.is_number_unsigned() ||
-                 (d.is_number_integer() && d.get<int64_t>() >= 0),
+    MK_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
              where << ": expected non-negative integer dimensions, got shape " << shape_it->dump());
     const uint64_t dim = d.get<uint64_t>();
     MK_CHECK(dim <= static_cast<uint64_t>(INT64_MAX),
@@ -148,23 +146,22 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   void* m = ::mmap(nullptr, file_size_, PROT_READ, MAP_SHARED, fd, 0);
   const int map_err = errno;
   ::close(fd);  // the mapping keeps the file alive
-  MK_CHECK(m != MAP_FAILED, "cannot mmap safetensors file " << path << " (" << file_size_
-                                                            << " bytes): "
-                                                            << std::strerror(map_err));
+  MK_CHECK(m != MAP_FAILED, "cannot mmap safetensors file "
+                                << path << " (" << file_size_
+                                << " bytes): " << std::strerror(map_err));
   map_ = static_cast<const uint8_t*>(m);
 
   // From here on a throw must unmap: parse into locals inside a try.
   try {
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; --i) header_len = header_len << 8 | map_[i];  // little-endian
-    MK_CHECK(header_len <= file_size_ - 8,
+    MK_CHECK(header_len <= file_size_ - 8, "safetensors file "
+                                               << path << ": header length " << header_len
+                                               << " exceeds the file size " << file_size_
+                                               << " (truncated or not a safetensors file)");
+    MK_CHECK(header_len <= kMaxHeaderBytes,
              "safetensors file " << path << ": header length " << header_len
-                                 << " exceeds the file size " << file_size_
-                                 << " (truncated or not a safetensors file)");
-    MK_CHECK(header_len <= kMaxHeaderBytes, "safetensors file "
-                                                << path << ": header length " << header_len
-                                                << " exceeds the sane maximum of "
-                                                << kMaxHeaderBytes << " bytes");
+                                 << " exceeds the sane maximum of " << kMaxHeaderBytes << " bytes");
     const char* hb = reinterpret_cast<const char*>(map_ + 8);
     json header;
     try {
@@ -296,7 +293,8 @@ void write_safetensors(const std::string& path,
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   MK_CHECK(out, "cannot create safetensors file " << path << ": " << std::strerror(errno));
@@ -304,7 +302,8 @@ void write_safetensors(const std::string& path,
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   for (const auto* kv : order) {
     const auto& bytes = kv->second.bytes;
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
   }
   out.flush();
   MK_CHECK(out, "writing safetensors file " << path << " failed: " << std::strerror(errno));

@@ -44,12 +44,9 @@ uint8_t fp8_e4m3_encode(float f) {
   return sign | static_cast<uint8_t>(code);
 }
 
-
 float fp8_e4m3_value(uint8_t bits) { return fp8_table()[bits]; }
 
-float e8m0_value(uint8_t b) {
-  return b == 255 ? NAN : std::ldexp(1.0f, static_cast<int>(b) - 127);
-}
+float e8m0_value(uint8_t b) { return b == 255 ? NAN : std::ldexp(1.0f, static_cast<int>(b) - 127); }
 
 bool is_scale_dtype(const std::string& d) {
   return d == "F32" || d == "BF16" || d == "F16" || d == "F8_E8M0";
@@ -73,8 +70,7 @@ float scale_value(const std::string& d, const void* data, size_t i, const std::s
     return f16_to_float(v);
   }
   if (d == "F8_E8M0") return e8m0_value(p[i]);
-  MK_FAIL("scale tensor " << what << " has dtype " << d
-                          << ", expected F32, BF16, F16 or F8_E8M0");
+  MK_FAIL("scale tensor " << what << " has dtype " << d << ", expected F32, BF16, F16 or F8_E8M0");
 }
 
 void convert_to_bf16(DType t, const void* src, size_t count, Bf16* out) {
@@ -125,7 +121,8 @@ void dequant_fp8_block(const uint8_t* src, size_t rows, size_t cols, const std::
   for (size_t r = 0; r < rows; ++r) {
     if (r % kFp8Block == 0) {
       for (size_t b = 0; b < kb; ++b)
-        row_scales[b] = scale_value(scale_dtype, scale, scale_offset + (r / kFp8Block) * kb + b, what);
+        row_scales[b] =
+            scale_value(scale_dtype, scale, scale_offset + (r / kFp8Block) * kb + b, what);
     }
     const uint8_t* s = src + r * cols;
     Bf16* o = out + r * cols;
@@ -149,7 +146,8 @@ void quantize_fp8_block(const Bf16* src, size_t rows, size_t cols, uint8_t* q_ou
   const size_t rb = ceil_div(rows, kFp8Block), kb = ceil_div(cols, kFp8Block);
   for (size_t i = 0; i < rb; ++i) {
     for (size_t j = 0; j < kb; ++j) {
-      const size_t r1 = std::min(rows, (i + 1) * kFp8Block), c1 = std::min(cols, (j + 1) * kFp8Block);
+      const size_t r1 = std::min(rows, (i + 1) * kFp8Block),
+                   c1 = std::min(cols, (j + 1) * kFp8Block);
       float amax = 0.0f;
       for (size_t r = i * kFp8Block; r < r1; ++r)
         for (size_t c = j * kFp8Block; c < c1; ++c)

@@ -23,7 +23,8 @@ uint8_t fp8_e4m3_encode(float f);
 
 // Element i of a block-scale tensor stored as F32, BF16, F16 or F8_E8M0 (2^(b-127); 255 = NaN).
 // dtype_name is the safetensors spelling; others throw naming `what`.
-float scale_value(const std::string& dtype_name, const void* data, size_t i, const std::string& what);
+float scale_value(const std::string& dtype_name, const void* data, size_t i,
+                  const std::string& what);
 bool is_scale_dtype(const std::string& dtype_name);
 
 // Converts count elements of src (BF16, F16, F32; not F8) to bf16 / fp32.
@@ -45,7 +46,8 @@ void decode_mxfp4_row(const uint8_t* blocks, const float* scales, size_t groups,
 
 // Quantises a bf16 [rows, cols] matrix to fp8 e4m3 with 128x128 block scales amax / 448 (scale 1
 // for an all-zero block); scale_out has ceil(rows/128) * ceil(cols/128) entries.
-void quantize_fp8_block(const Bf16* src, size_t rows, size_t cols, uint8_t* q_out, float* scale_out);
+void quantize_fp8_block(const Bf16* src, size_t rows, size_t cols, uint8_t* q_out,
+                        float* scale_out);
 
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 

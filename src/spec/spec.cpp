@@ -240,7 +240,7 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
   json top;
   try {
     top = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 9e999
     MK_FAIL("config '" << name << "' is not valid JSON: " << e.what());
   }
   MK_CHECK(top.is_object(), "config '" << name << "' must be a JSON object, got " << top.type_name());

@@ -14,6 +14,7 @@
 // test skips saying why.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -27,6 +28,7 @@
 
 #include "common/random_values.h"
 #include "moekit/cuda_layer.h"
+#include "moekit/error.h"
 #include "moekit/layer.h"
 #include "moekit/routing.h"
 #include "moekit/spec.h"
@@ -150,10 +152,8 @@ void expect_routing_matches_cpu(const MoeSpec& spec, const LayerWeights& w,
 }
 
 // y of the GPU against cpu_reference::forward, on the tokens whose ids agree.
-void expect_layer_matches_cpu(const MoeSpec& spec, const LayerWeights& w, const Bf16* x,
-                              int tokens, const ForwardResult& g, FuseShared fuse,
-                              const std::string& what, double tol = 5e-3) {
-  const ForwardResult c = cpu_reference::forward(w, x, tokens, fuse);
+void expect_layer_matches(const MoeSpec& spec, int tokens, const ForwardResult& g,
+                          const ForwardResult& c, const std::string& what, double tol = 5e-3) {
   ASSERT_EQ(c.fused, g.fused) << what;
   ASSERT_EQ(c.y.size(), g.y.size()) << what;
   const int slots = c.routing.slots;
@@ -169,12 +169,20 @@ void expect_layer_matches_cpu(const MoeSpec& spec, const LayerWeights& w, const 
       << what << ": " << differing << " tokens route differently from the CPU's double logits";
   const Diff d = compare_rows(g.y, c.y, spec.hidden, same);
   const double scale = max_abs_value(c.y);
-  EXPECT_EQ(d.non_finite, 0u) << what << ": non-finite outputs (unwritten or NaN)";
+  const size_t non_finite =
+      std::count_if(g.y.begin(), g.y.end(), [](float v) { return !std::isfinite(v); });
+  EXPECT_EQ(non_finite, 0u) << what << ": non-finite outputs (unwritten: poisoned with NaN)";
   EXPECT_LE(d.rel_norm, tol) << what << ": relative error by norm";
   EXPECT_LE(d.max_abs, 4 * tol * scale + 1e-6)
       << what << ": worst element " << d.worst << " (token " << d.worst / spec.hidden
       << ", column " << d.worst % spec.hidden << "): GPU " << g.y[d.worst] << ", CPU "
       << c.y[d.worst] << ", max |y| " << scale;
+}
+
+void expect_layer_matches_cpu(const MoeSpec& spec, const LayerWeights& w, const Bf16* x,
+                              int tokens, const ForwardResult& g, FuseShared fuse,
+                              const std::string& what, double tol = 5e-3) {
+  expect_layer_matches(spec, tokens, g, cpu_reference::forward(w, x, tokens, fuse), what, tol);
 }
 
 // ---- every family, every T ----
@@ -209,37 +217,45 @@ TEST_P(GpuLayerFamily, MatchesCpuReferenceFusedAndUnfused) {
   const int layer = spec.moe_layers.front();
   const auto w = make_random_weights(spec, layer, 11);
   const std::vector<Bf16> x = random_x(c.tokens, spec.hidden, 5 + c.tokens);
-  cuda::GpuLayerOptions opt;
-  opt.max_tokens = c.tokens;
-  const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
-
   std::vector<FuseShared> modes{FuseShared::Off};
   if (spec.can_fuse_shared()) modes.push_back(FuseShared::On);
-  std::vector<ForwardResult> results;
-  for (FuseShared fuse : modes) {
-    std::ostringstream what;
-    what << spec.name << " T=" << c.tokens << " fuse=" << fuse_shared_name(fuse);
-    SCOPED_TRACE(what.str());
-    const ForwardResult g = gpu->forward(x.data(), c.tokens, fuse);
-    EXPECT_EQ(g.fused, fuse == FuseShared::On);
-    const std::vector<float> logits = gpu->last_logits(c.tokens);
-    expect_routing_matches_cpu(spec, *w, logits, g, what.str());
-    expect_layer_matches_cpu(spec, *w, x.data(), c.tokens, g, fuse, what.str());
-    results.push_back(g);
-  }
-  if (results.size() == 2) {
-    // fused vs unfused: the same routed ids, outputs equal to bf16 precision
-    const int k = spec.top_k;
-    for (int t = 0; t < c.tokens; ++t) {
-      for (int s = 0; s < k; ++s) {
-        ASSERT_EQ(results[0].routing.ids[t * k + s],
-                  results[1].routing.ids[t * results[1].routing.slots + s])
-            << "token " << t << " slot " << s;
-      }
+  std::vector<ForwardResult> cpu;
+  for (FuseShared fuse : modes) cpu.push_back(cpu_reference::forward(*w, x.data(), c.tokens, fuse));
+
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = c.tokens;
+  for (const char* variant : {"regs", "ring"}) {
+    // the expert kernels' streaming variant is read at layer creation (experts.h)
+    setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
+    const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
+    unsetenv("MOEKIT_EXPERTS_KERNEL");
+    std::vector<ForwardResult> results;
+    for (size_t m = 0; m < modes.size(); ++m) {
+      std::ostringstream what;
+      what << spec.name << " T=" << c.tokens << " fuse=" << fuse_shared_name(modes[m])
+           << " kernel=" << variant;
+      SCOPED_TRACE(what.str());
+      const ForwardResult g = gpu->forward(x.data(), c.tokens, modes[m]);
+      EXPECT_EQ(g.fused, modes[m] == FuseShared::On);
+      const std::vector<float> logits = gpu->last_logits(c.tokens);
+      expect_routing_matches_cpu(spec, *w, logits, g, what.str());
+      expect_layer_matches(spec, c.tokens, g, cpu[m], what.str());
+      results.push_back(g);
     }
-    const Diff d = compare_rows(results[1].y, results[0].y, spec.hidden,
-                                std::vector<bool>(c.tokens, true));
-    EXPECT_LE(d.rel_norm, 5e-3) << spec.name << ": fused vs unfused";
+    if (results.size() == 2) {
+      // fused vs unfused: the same routed ids, outputs equal to bf16 precision
+      const int k = spec.top_k;
+      for (int t = 0; t < c.tokens; ++t) {
+        for (int s = 0; s < k; ++s) {
+          ASSERT_EQ(results[0].routing.ids[t * k + s],
+                    results[1].routing.ids[t * results[1].routing.slots + s])
+              << "token " << t << " slot " << s;
+        }
+      }
+      const Diff d = compare_rows(results[1].y, results[0].y, spec.hidden,
+                                  std::vector<bool>(c.tokens, true));
+      EXPECT_LE(d.rel_norm, 5e-3) << spec.name << ": fused vs unfused, kernel=" << variant;
+    }
   }
 }
 
@@ -278,13 +294,18 @@ TEST(GpuLayer, ForwardIsDeterministic) {
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 1);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 256;
-  const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
-  for (int tokens : {1, 8, 9, 256}) {
-    const std::vector<Bf16> x = random_x(tokens, spec.hidden, 2);
-    for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
-      const ForwardResult a = gpu->forward(x.data(), tokens, fuse);
-      const ForwardResult b = gpu->forward(x.data(), tokens, fuse);
-      EXPECT_EQ(a.y, b.y) << "T=" << tokens << " fuse=" << fuse_shared_name(fuse);
+  for (const char* variant : {"regs", "ring"}) {
+    setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
+    const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
+    unsetenv("MOEKIT_EXPERTS_KERNEL");
+    for (int tokens : {1, 8, 9, 256}) {
+      const std::vector<Bf16> x = random_x(tokens, spec.hidden, 2);
+      for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+        const ForwardResult a = gpu->forward(x.data(), tokens, fuse);
+        const ForwardResult b = gpu->forward(x.data(), tokens, fuse);
+        EXPECT_EQ(a.y, b.y) << "T=" << tokens << " fuse=" << fuse_shared_name(fuse)
+                            << " kernel=" << variant;
+      }
     }
   }
 }
@@ -381,6 +402,42 @@ TEST(GpuLayer, RejectsTooManyTokensAndNonFiniteInput) {
   expect_layer_matches_cpu(odd, *wodd, x4.data(), 4, r, FuseShared::Auto, "unfusable qwen2");
 }
 
+// Small shapes for compute-sanitizer (scripts/gpu_check.sh runs the tests named *Small* under
+// memcheck, racecheck, initcheck and synccheck): both expert kernel variants, both fusion modes,
+// the dispatch on its own.
+TEST(GpuLayerSmall, SanitizerShapesBothKernels) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string model : {"deepseek-v3", "qwen2-57b-a14b", "gpt-oss-120b"}) {
+    const MoeSpec spec = small_spec(model, 128, 16, 64);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 2);
+    cuda::GpuLayerOptions opt;
+    opt.max_tokens = 20;
+    for (const char* variant : {"regs", "ring"}) {
+      setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
+      const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
+      unsetenv("MOEKIT_EXPERTS_KERNEL");
+      for (int tokens : {2, 7, 20}) {
+        const std::vector<Bf16> x = random_x(tokens, spec.hidden, tokens);
+        for (FuseShared fuse : {FuseShared::Off, FuseShared::Auto}) {
+          std::ostringstream what;
+          what << spec.name << " T=" << tokens << " fuse=" << fuse_shared_name(fuse)
+               << " kernel=" << variant;
+          const ForwardResult g = gpu->forward(x.data(), tokens, fuse);
+          expect_layer_matches_cpu(spec, *w, x.data(), tokens, g, fuse, what.str());
+        }
+      }
+    }
+    const RoutingConfig cfg = RoutingConfig::from_spec(spec, spec.can_fuse_shared());
+    std::vector<float> logits(static_cast<size_t>(9) * cfg.logits_columns);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>((i * 37) % 23) * 0.1f;
+    std::vector<float> bias(spec.num_experts, 0.25f);
+    cuda::GpuDispatch d;
+    const Routing g = cuda::route_on_device(cfg, logits.data(), 9, bias.data(), 8, &d);
+    EXPECT_EQ(g.ids, cpu_reference::route(cfg, logits.data(), 9, bias.data()).ids) << model;
+    EXPECT_FALSE(d.id_out_of_range) << model;
+  }
+}
+
 // ---- routing + dispatch alone, on constructed logits ----
 
 // Tie-free logits: a per-token permutation of evenly spaced values (0.05 apart).
@@ -441,7 +498,7 @@ TEST(GpuRouting, ExactIdsOnTieFreeAndTiedLogitsEveryFamily) {
           for (int e = 0; e < spec.num_experts; ++e) bias[e] = ((e * 7) % 5) * 0.0625f;
           // tie-free
           std::vector<float> logits = tie_free_logits(tokens, cfg.logits_columns, tokens);
-          for (const int chunk : {8, 32}) {
+          for (const int chunk : {8, 16, 32}) {
             cuda::GpuDispatch d;
             const Routing g = cuda::route_on_device(cfg, logits.data(), tokens, bias.data(),
                                                     chunk, &d);

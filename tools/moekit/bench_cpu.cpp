@@ -8,8 +8,8 @@
 //                  (fused shared slots count as experts) + the unfused shared MLP + the router
 //                  weight; activations are negligible and not counted
 //   bw_fraction    gb_per_s / the read bandwidth of the same thread count, measured here by
-//                  summing a 1 GiB buffer (cpu_fast::measure_read_bandwidth, best of 3), again
-//                  before each (batch, fuse) group, since the machine may be shared
+//                  summing a 1 GiB buffer (cpu_fast::ReadProbe) in passes interleaved with the
+//                  timed forwards (medians of both), since the machine may be shared
 //   tokens_per_s   T / (us_per_layer * MoE layers): a decode step over every MoE layer
 //   speedup_vs_reference   reference median / fast median, same inputs (the reference is skipped
 //                  where one call would take more than ~10 s, and the field is null)
@@ -102,30 +102,51 @@ double layer_bytes(const MoeSpec& spec, const ForwardResult& r) {
 struct Timing {
   double us = 0;          // median per forward
   double gb_per_s = 0;    // median of per-iteration bytes / time
+  double read_bw = 0;     // median of the interleaved probe passes, bytes/s (0 = none)
   int iterations = 0;
 };
 
-// Times fn(input index) over the inputs in rotation: optionally one warm-up call per input, then
-// `iterations` timed calls (0 = at least kMinIterations and kMinTimedSeconds).
+// Times fn(input index) over the inputs in rotation. With a probe, rounds alternate one probe
+// pass (same thread count) with forwards for at least as long, so the ceiling and the layer see
+// the same machine load; medians of both. Without a probe (the reference), plain iterations.
+// iterations > 0 fixes the number of timed forwards, else at least kMinIterations and
+// kMinTimedSeconds.
 template <typename Fn>
-Timing time_forward(const MoeSpec& spec, int inputs, int iterations, bool warmup, Fn fn) {
+Timing time_forward(const MoeSpec& spec, int inputs, int iterations, bool warmup,
+                    cpu_fast::ReadProbe* probe, int probe_threads, Fn fn) {
   if (warmup) {
     for (int i = 0; i < inputs; ++i) fn(i);
   }
-  std::vector<double> us, bw;
+  std::vector<double> us, bw, probe_bw;
+  auto done = [&](double elapsed) {
+    const int it = static_cast<int>(us.size());
+    if (iterations > 0) return it >= iterations;
+    const bool enough_probes = probe == nullptr || probe_bw.size() >= 3;
+    return (it >= kMinIterations && elapsed >= kMinTimedSeconds && enough_probes) ||
+           it >= kMaxIterations;
+  };
   const auto start = std::chrono::steady_clock::now();
-  for (int it = 0;; ++it) {
-    if (iterations > 0 ? it >= iterations
-                       : (it >= kMinIterations && seconds_since(start) >= kMinTimedSeconds) ||
-                             it >= kMaxIterations)
-      break;
-    const auto t0 = std::chrono::steady_clock::now();
-    const ForwardResult r = fn(it % inputs);
-    const double s = seconds_since(t0);
-    us.push_back(s * 1e6);
-    bw.push_back(layer_bytes(spec, r) / s / 1e9);
+  int next_input = 0;
+  while (!done(seconds_since(start))) {
+    double round_budget = 0;  // forwards run at least this long after a probe pass
+    if (probe != nullptr) {
+      const auto p0 = std::chrono::steady_clock::now();
+      probe_bw.push_back(probe->pass(probe_threads));
+      round_budget = seconds_since(p0);
+    }
+    const auto r0 = std::chrono::steady_clock::now();
+    do {
+      const int i = next_input++ % inputs;
+      const auto t0 = std::chrono::steady_clock::now();
+      const ForwardResult r = fn(i);
+      const double s = seconds_since(t0);
+      us.push_back(s * 1e6);
+      bw.push_back(layer_bytes(spec, r) / s / 1e9);
+    } while (seconds_since(r0) < round_budget && !done(seconds_since(start)));
   }
-  return {median(us), median(bw), static_cast<int>(us.size())};
+  Timing t{median(us), median(bw), 0, static_cast<int>(us.size())};
+  if (!probe_bw.empty()) t.read_bw = median(probe_bw);
+  return t;
 }
 
 }  // namespace
@@ -148,14 +169,12 @@ int run_bench_cpu(const BenchOptions& opt) {
     fuses = {FuseShared::On, FuseShared::Off};
   }
 
-  // ---- the bandwidth ceiling, same process, same thread counts
+  // ---- the bandwidth ceiling: same process, same thread counts, passes interleaved with the
+  // timed forwards (the machine may be shared: its load changes during a run)
   const bool scaling = fast && threads > 1;
-  log << "measuring read bandwidth (" << human_bytes(kProbeBytes) << " buffer)...\n";
-  // The machine is shared (other processes compete for cores and memory), so the ceiling is
-  // measured again right before each (batch, fuse) group of rows it normalises.
-  auto measure = [&](int th) { return cpu_fast::measure_read_bandwidth(kProbeBytes, th, 3); };
-  double bw_n = measure(threads);
-  double bw_1 = scaling ? measure(1) : bw_n;
+  cpu_fast::ReadProbe probe(kProbeBytes);
+  probe.pass(threads);  // warm-up
+  const double bw_start = probe.pass(threads);
 
   // ---- weights: all experts up front when they fit, else a fixed input per batch
   const int slots_total = spec.num_experts + spec.shared_slots();
@@ -179,14 +198,14 @@ int run_bench_cpu(const BenchOptions& opt) {
   nlohmann::json records = nlohmann::json::array();
   char line[256];
   if (!opt.json) {
-    std::printf("%s layer %d, %s, %s, read bandwidth %.1f GB/s (%d threads)", spec.name.c_str(),
-                layer, cpu.c_str(), cpu_fast::isa_name(isa), bw_n / 1e9, threads);
-    if (scaling) std::printf(", %.1f GB/s (1 thread)", bw_1 / 1e9);
-    std::printf("\n%-7s %-5s %-9s %7s %12s %12s %9s %8s %9s\n", "batch", "fuse", "backend",
-                "threads", "us/layer", "tokens/s", "GB/s", "of bw", "x ref");
+    std::printf("%s layer %d (%d MoE layers), %s, %s, %d threads; read bandwidth at start %.1f "
+                "GB/s\n",
+                spec.name.c_str(), layer, moe_layers, cpu.c_str(), cpu_fast::isa_name(isa),
+                threads, bw_start / 1e9);
+    std::printf("%-6s %-5s %-9s %7s %11s %10s %8s %8s %7s %7s\n", "batch", "fuse", "backend",
+                "threads", "us/layer", "tokens/s", "GB/s", "read bw", "of bw", "x ref");
   }
 
-  int batch_group = 0;
   for (int tokens : opt.batches) {
     const int inputs = prefetch_all ? kRotatingInputs : 1;
     if (!prefetch_all) {
@@ -210,20 +229,16 @@ int run_bench_cpu(const BenchOptions& opt) {
         double bw;
       };
       std::vector<Row> rows;
-      if (batch_group++ > 0) {
-        bw_n = measure(threads);
-        bw_1 = scaling ? measure(1) : bw_n;
-      }
       if (fast) {
         std::vector<int> thread_counts = {threads};
         if (scaling) thread_counts.push_back(1);
         for (int th : thread_counts) {
           cpu_fast::FastOptions fo;
           fo.threads = th;
-          const Timing t = time_forward(spec, inputs, opt.iterations, true, [&](int i) {
+          const Timing t = time_forward(spec, inputs, opt.iterations, true, &probe, th, [&](int i) {
             return cpu_fast::forward(*weights, xs[i].data(), tokens, fuse, fo);
           });
-          rows.push_back({"fast", th, t, th == 1 ? bw_1 : bw_n});
+          rows.push_back({"fast", th, t, t.read_bw});
         }
       }
 
@@ -240,7 +255,7 @@ int run_bench_cpu(const BenchOptions& opt) {
         // baseline (a call can take seconds), except when the reference runs alone.
         const int ref_iterations =
             opt.iterations > 0 ? opt.iterations : (macs / kReferenceMacsPerSecond > 1.0 ? 1 : 3);
-        ref = time_forward(spec, inputs, ref_iterations, !fast, [&](int i) {
+        ref = time_forward(spec, inputs, ref_iterations, !fast, nullptr, 0, [&](int i) {
           return cpu_reference::forward(*weights, xs[i].data(), tokens, fuse);
         });
       } else {
@@ -248,7 +263,11 @@ int run_bench_cpu(const BenchOptions& opt) {
             << static_cast<int>(macs / kReferenceMacsPerSecond) << " s per call)\n";
       }
 
-      if (!fast) rows.push_back({"reference", threads, ref, bw_n});
+      if (!fast) {
+        // the reference is compute-bound; its fraction uses a probe measured right after it
+        rows.push_back({"reference", threads, ref, cpu_fast::measure_read_bandwidth(
+                                                       kProbeBytes, threads, 3)});
+      }
 
       for (const Row& row : rows) {
         const double tps = tokens / (row.t.us * 1e-6 * moe_layers);
@@ -280,14 +299,14 @@ int run_bench_cpu(const BenchOptions& opt) {
         }
         records.push_back(rec);
         if (!opt.json) {
-          std::snprintf(line, sizeof line, "%-7d %-5s %-9s %7d %12.1f %12.1f %9.2f %7.0f%% ",
+          std::snprintf(line, sizeof line, "%-6d %-5s %-9s %7d %11.1f %10.2f %8.2f %8.2f %6.0f%% ",
                         tokens, fuse_shared_name(fuse), row.backend.c_str(), row.threads,
-                        row.t.us, tps, row.t.gb_per_s, 100.0 * frac);
+                        row.t.us, tps, row.t.gb_per_s, row.bw / 1e9, 100.0 * frac);
           std::printf("%s", line);
           if (run_ref) {
-            std::printf("%9.1f\n", speedup);
+            std::printf("%7.1f\n", speedup);
           } else {
-            std::printf("%9s\n", "-");
+            std::printf("%7s\n", "-");
           }
           std::fflush(stdout);
         }

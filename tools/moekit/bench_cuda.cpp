@@ -25,6 +25,7 @@ std::string utc_now() {
 int run_bench_cuda(const BenchOptions& opt) {
   MK_CHECK(opt.weights.empty(), "bench --device cuda times random weights generated on the GPU; "
                                 "--weights '" << opt.weights << "' is not supported there");
+  MK_CHECK(opt.plot.empty(), "--plot is not available for --device cuda yet (use --json)");
   cuda::GpuBenchOptions b;
   b.model = opt.model;
   b.batches = opt.batches;
@@ -32,7 +33,6 @@ int run_bench_cuda(const BenchOptions& opt) {
   b.seed = opt.seed;
   b.iterations = opt.iterations;
   const std::vector<cuda::GpuBenchRecord> recs = cuda::bench_layer(b, !opt.json);
-  MK_CHECK(opt.plot.empty(), "--plot is not available for --device cuda yet (use --json)");
 
   if (opt.json) {
     nlohmann::json arr = nlohmann::json::array();

@@ -1,6 +1,7 @@
 // `moekit bench router-gemm --model M [--batch 1-128] [--json] [--tuning-file F]`: the router GEMM
-// as the layer runs it (the tuned dispatch) against cuBLAS, in the same run, per M: microseconds,
-// the speed-up over cuBLAS, GB/s and the fraction of the floor, and the config chosen.
+// as the layer runs it (the tuned dispatch, with and without programmatic dependent launch)
+// against cuBLAS, in the same run, per M: microseconds, the speed-up over cuBLAS, GB/s and the
+// fraction of the floor, and the config chosen.
 // Floor = (bytes of Wg + x + out) / 4.535e12 B/s (the H200's measured read bandwidth, DESIGN.md
 // §8) + the time of an empty kernel measured here by the same graph method (the launch share).
 // Timing: RouterGemmTimer (CUDA-graph replay, weights rotated out of L2). Before timing, the
@@ -49,6 +50,7 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
   const cuda::RouterGemmDeviceInfo dev = cuda::router_gemm_device_info();
   const tuning::RouterGemmConfig cublas{tuning::RouterGemmBackend::Cublas, 0, 0, 0, 1};
   nlohmann::json records = nlohmann::json::array();
+  int mismatches = 0;
   for (const tuning::RouterGemmShape& shape : tuning::router_gemm_shapes(spec)) {
     cuda::RouterGemmTimer timer(shape, ms.back(), o.seed);
     const double empty_us = timer.time_empty_us();
@@ -57,17 +59,30 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
                   "kernel %.2f us\n",
                   spec.name.c_str(), tuning::describe(shape).c_str(), spec.moe_layers.size(),
                   dev.name.c_str(), tuning::arch_name(dev.arch), timer.copies(), empty_us);
-      std::printf("%5s %9s %9s %7s %8s %9s %8s  %s\n", "M", "ours_us", "cublas_us", "x_cublas",
-                  "GB/s", "floor_us", "of_floor", "config (source)");
+      std::printf("%5s %8s %8s %9s %7s %7s %7s %8s %8s  %s\n", "M", "ours_us", "no_pdl",
+                  "cublas_us", "x_cublas", "x_nopdl", "GB/s", "floor_us", "of_floor",
+                  "config (source)");
     }
     for (int m : ms) {
       const tuning::RouterGemmChoice choice =
           tuning::choose_router_gemm(dev.arch, shape.weight_dtype, shape.k, shape.n, m);
       const double diff = relative_difference(timer.run(choice.config, m), timer.run(cublas, m));
-      MK_CHECK(diff <= 1e-4, "bench router-gemm: '" << tuning::describe(choice.config)
-                                                    << "' disagrees with cuBLAS at M=" << m
-                                                    << " (max relative difference " << diff << ")");
+      if (!(diff <= 1e-4)) {
+        // Reported and counted, not fatal: the timings of the other M still come out.
+        std::fprintf(stderr, "moekit bench router-gemm: '%s' disagrees with cuBLAS on %s M=%d "
+                     "(max relative difference %g)\n", tuning::describe(choice.config).c_str(),
+                     tuning::describe(shape).c_str(), m, diff);
+        ++mismatches;
+      }
+      // Ours with and without programmatic dependent launch (in the graph each launch follows
+      // another router GEMM, which triggers its dependents early, so the PDL number is the
+      // best case and the plain one the worst); the ratio is quoted for both.
+      const bool pdl_default = cuda::router_gemm_pdl();
+      cuda::set_router_gemm_pdl(true);
       const double ours = timer.time_dispatch_us(m);
+      cuda::set_router_gemm_pdl(false);
+      const double ours_plain = timer.time_dispatch_us(m);
+      cuda::set_router_gemm_pdl(pdl_default);
       const double theirs = timer.time_config_us(cublas, m);
       const double bytes = timer.bytes(m);
       const double floor_us = bytes / kReadBandwidth * 1e6 + empty_us;
@@ -81,8 +96,10 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
                            {"bias", shape.has_bias},
                            {"m", m},
                            {"ours_us", ours},
+                           {"ours_no_pdl_us", ours_plain},
                            {"cublas_us", theirs},
                            {"speedup_vs_cublas", theirs / ours},
+                           {"speedup_vs_cublas_no_pdl", theirs / ours_plain},
                            {"gb_per_s", bytes / ours * 1e-3},
                            {"floor_us", floor_us},
                            {"fraction_of_floor", floor_us / ours},
@@ -93,9 +110,9 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
                            {"config_source", tuning::source_name(choice.source)},
                            {"max_rel_diff_vs_cublas", diff}});
       } else {
-        std::printf("%5d %9.2f %9.2f %7.2fx %8.0f %9.2f %7.0f%%  %s\n", m, ours, theirs,
-                    theirs / ours, bytes / ours * 1e-3, floor_us, 100 * floor_us / ours,
-                    cfg.str().c_str());
+        std::printf("%5d %8.2f %8.2f %9.2f %6.2fx %6.2fx %7.0f %8.2f %7.0f%%  %s\n", m, ours,
+                    ours_plain, theirs, theirs / ours, theirs / ours_plain, bytes / ours * 1e-3,
+                    floor_us, 100 * floor_us / ours, cfg.str().c_str());
       }
     }
   }
@@ -109,10 +126,11 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
                           {"command", cmd.str()},
                           {"read_bandwidth_bytes_per_s", kReadBandwidth},
                           {"timing", "CUDA-graph replay, median of 7, weights rotated out of L2"},
+                          {"mismatches", mismatches},
                           {"records", records}};
     std::printf("%s\n", doc.dump(1).c_str());
   }
-  return 0;
+  return mismatches == 0 ? 0 : 2;
 }
 
 }  // namespace

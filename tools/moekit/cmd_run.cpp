@@ -9,6 +9,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "forward_backends.h"
+#include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 
 namespace moekit::cli {
@@ -56,16 +57,32 @@ void run(const RunOptions& o) {
                                                std::to_string(spec.shared_intermediate) +
                                                " that is not a multiple of the expert width " +
                                                std::to_string(spec.expert_intermediate)));
-  check_host_memory(spec, o.tokens, fused);
-  const auto weights = load_layer_weights(spec, layer, o.weights, o.seed);
   const std::vector<Bf16> x = random_input(spec, o.tokens, o.seed);
+  // Random weights on the GPU are generated there (bit-identical to the host generator), so a
+  // 22.6 GB DeepSeek-V3 layer never passes through host memory.
+  std::unique_ptr<LayerWeights> weights;
+  std::unique_ptr<cuda::GpuMoeLayer> gpu_layer;
+  std::string origin;
+  if (device == "cuda" && o.weights.empty()) {
+    cuda::GpuLayerOptions opt;
+    opt.max_tokens = o.tokens;
+    gpu_layer = cuda::GpuMoeLayer::create_random(spec, layer, o.seed, opt);
+    origin = "random seed " + std::to_string(o.seed) + " (generated on the GPU)";
+  } else {
+    check_host_memory(spec, o.tokens, fused);
+    weights = load_layer_weights(spec, layer, o.weights, o.seed);
+    origin = weights->origin();
+  }
+  auto forward = [&](FuseShared mode) {
+    if (gpu_layer) return gpu_layer->forward(x.data(), o.tokens, mode);
+    return forward_on(device, o.backend, *weights, x.data(), o.tokens, mode);
+  };
 
-  const ForwardResult r = forward_on(device, o.backend, *weights, x.data(), o.tokens, fuse);
+  const ForwardResult r = forward(fuse);
   // The other fusion mode, on the same backend, for the fused-vs-unfused agreement check.
   double fused_vs_unfused = -1.0;
   if (spec.can_fuse_shared()) {
-    const ForwardResult other = forward_on(device, o.backend, *weights, x.data(), o.tokens,
-                                           r.fused ? FuseShared::Off : FuseShared::On);
+    const ForwardResult other = forward(r.fused ? FuseShared::Off : FuseShared::On);
     fused_vs_unfused = r.fused ? max_relative_difference(r.y, other.y)
                                : max_relative_difference(other.y, r.y);
   }
@@ -78,7 +95,7 @@ void run(const RunOptions& o) {
                         {"device", device},
                         {"backend", device == "cpu" ? o.backend : device},
                         {"fuse_shared", r.fused ? "on" : "off"},
-                        {"weights", weights->origin()},
+                        {"weights", origin},
                         {"y_mean_abs", sum.mean_abs},
                         {"y_max_abs", sum.max_abs},
                         {"y_sum", sum.sum},
@@ -104,7 +121,7 @@ void run(const RunOptions& o) {
               device == "cpu" ? (" (" + o.backend + ")").c_str() : "",
               spec.shared_kind == SharedKind::None ? "none"
                                                    : (r.fused ? "fused" : "unfused"));
-  std::printf("weights: %s\n", weights->origin().c_str());
+  std::printf("weights: %s\n", origin.c_str());
   std::printf("output y [%d, %d]: mean |y| %.6g, max |y| %.6g, sum %.6g\n", o.tokens, spec.hidden,
               sum.mean_abs, sum.max_abs, sum.sum);
   const int shown = std::min(o.tokens, 8);

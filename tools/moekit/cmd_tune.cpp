@@ -112,6 +112,7 @@ int run_tune(const TuneOptions& o) {
                dev.name.c_str(), tuning::arch_name(dev.arch), shapes.size(), ms.size(), total);
   ProgressBar bar(total);
   nlohmann::json rows_json = nlohmann::json::array();
+  nlohmann::json rejected = nlohmann::json::array();
   std::vector<RouterGemmRow> rows;
   for (size_t si = 0; si < shapes.size(); ++si) {
     const RouterGemmShape& shape = shapes[si];
@@ -125,14 +126,33 @@ int run_tune(const TuneOptions& o) {
         std::ostringstream what;
         what << "[" << si + 1 << "/" << shapes.size() << "] " << tuning::describe(shape)
              << " M=" << m;
-        const double diff = relative_difference(timer.run(c, m), ref);
-        // why 1e-4: both accumulate in fp32, in different orders, over K <= ~8k terms
-        MK_CHECK(diff <= 1e-4, "tune: candidate '" << tuning::describe(c) << "' disagrees with "
-                                   << "the naive kernel on " << tuning::describe(shape)
-                                   << " M=" << m << " (max relative difference " << diff << ")");
-        times.push_back({c, timer.time_config_us(c, m)});
+        // A candidate that fails or disagrees is reported and left out, so one bad kernel does
+        // not cost the whole run; the exit status says so.
+        std::ostringstream problem;
+        try {
+          const double diff = relative_difference(timer.run(c, m), ref);
+          // why 1e-4: both accumulate in fp32, in different orders, over K <= ~8k terms
+          if (diff <= 1e-4) {
+            times.push_back({c, timer.time_config_us(c, m)});
+          } else {
+            problem << "disagrees with the naive kernel (max relative difference " << diff << ")";
+          }
+        } catch (const Error& e) {
+          problem << e.what();
+        }
+        if (!problem.str().empty()) {
+          std::fprintf(stderr, "\nmoekit tune: rejected '%s' on %s M=%d: %s\n",
+                       tuning::describe(c).c_str(), tuning::describe(shape).c_str(), m,
+                       problem.str().c_str());
+          rejected.push_back({{"shape", tuning::describe(shape)},
+                              {"m", m},
+                              {"config", tuning::describe(c)},
+                              {"problem", problem.str()}});
+        }
         bar.step(what.str());
       }
+      MK_CHECK(!times.empty(), "tune: no candidate ran on " << tuning::describe(shape)
+                                                             << " M=" << m);
       per_m.push_back(std::move(times));
     }
     // Rows: keep the running config while it stays within 2% of the best at this M (fewer rows,
@@ -200,7 +220,8 @@ int run_tune(const TuneOptions& o) {
                           {"device", dev.name},
                           {"date", now_utc_iso()},
                           {"command", cmd.str()},
-                          {"rows", rows_json}};
+                          {"rows", rows_json},
+                          {"rejected", rejected}};
     text = doc.dump(1) + "\n";
   } else {
     std::ostringstream os;
@@ -218,6 +239,11 @@ int run_tune(const TuneOptions& o) {
     f << text;
     MK_CHECK(f.good(), "tune: failed writing '" << o.out << "'");
     std::fprintf(stderr, "moekit tune: wrote %zu rows to %s\n", rows.size(), o.out.c_str());
+  }
+  if (!rejected.empty()) {
+    std::fprintf(stderr, "moekit tune: %zu candidate run(s) rejected (listed above); the table "
+                         "uses the others\n", rejected.size());
+    return 2;
   }
   return 0;
 }

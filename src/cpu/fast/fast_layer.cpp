@@ -1,22 +1,25 @@
 // The fast CPU MoE layer: same result as cpu_reference::forward, bound by memory bandwidth.
 //
 //   1. router     logits[T, C] = x . Wg^T (+ router bias), double accumulation (kernels.h
-//                 router_dot), columns split over the threads; then cpu_reference::route (cheap).
+//                 router_dot), columns split over the threads when large enough; then
+//                 cpu_reference::route (cheap).
 //   2. group      the T*(k+S) (token, slot) pairs become one job per touched expert (ascending id)
 //                 holding its tokens and weights; the unfused shared MLP is one more job (width
-//                 Is, every token, weight = shared_scale). Experts are looked up (materialised)
-//                 in parallel.
-//   3. gate/up    thread p takes intermediate columns [I*p/P, I*(p+1)/P) of EVERY job: it streams
-//                 those gate and up rows once for all of the job's tokens, then applies the
-//                 activation (SiLU·mul, clamps, swigluoai, biases) to its columns in cache.
-//   4. down       thread p takes output rows [H*p/P, H*(p+1)/P) of every job's W2 and adds
-//                 w * (W2 a + b2) into y[token, rows]: the weighted combine fused, no atomics
-//                 (each y element is owned by one thread), and jobs are combined in a fixed order.
+//                 Is, every token, weight = shared_scale).
+//   3. gate/up    units of ~256 KB of weights (a block of intermediate columns of one job: its
+//                 gate and up rows) are taken by the threads dynamically; each unit streams its
+//                 rows once for all of the job's tokens, then applies the activation (SiLU·mul,
+//                 clamps, swigluoai, biases) to its columns while they are in cache. Experts used
+//                 for the first time are materialised here, by the units that need them.
+//   4. down       units of ~256 KB of one job's W2 rows: down[pair, rows] = W2 a.
+//   5. combine    y[t] += w * (down + b2), blocks of y columns per thread, jobs in a fixed order
+//                 (no atomics; the combine reads ~T*(k+S)*H*4 bytes, << the weights).
 //
-// Why slices of every expert rather than whole experts per thread: every thread then streams the
-// same number of bytes and does the same number of FMAs whatever the routing (balanced at T=1
-// with 8 experts on 3 cores as well as at T=128), and the result does not depend on P since each
-// output element is computed by one kernel call whose order depends only on k.
+// Why small units of every expert rather than whole experts per thread: all threads stream
+// whatever the routing (balanced at T=1 with 8 experts on 3 cores as well as at T=128), and a
+// thread that the OS deschedules does not hold up a phase. Each output element is computed by one
+// kernel call whose summation order depends only on k, and units depend only on the shapes, so
+// the result does not depend on the thread count.
 //
 // The first GEMM uses bf16 activations with vdpbf16ps on AVX512-BF16 CPUs (exact products), fp32
 // activations elsewhere; the down projection always uses fp32 activations.
@@ -30,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cpu/fast/kernels.h"
@@ -164,6 +168,19 @@ struct ActivationFn {
   }
 };
 
+// Below these sizes a phase runs on the calling thread: waking a worker costs more than it saves.
+constexpr double kSerialRouterMacs = 4e6;
+constexpr double kSerialCombineElements = 1e6;
+
+// A thread's scratch buffer, grown but never shrunk. why: a decode step allocates the same few MB
+// every call; fresh allocations of that size are mmap'd and page-faulted each time (measured ~5%
+// of a Qwen3 T=32 forward), reused ones are not.
+template <typename T>
+T* scratch(std::vector<T>& buffer, size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
 // One MLP to run over a set of tokens: a routed expert, a fused shared slot, or the unfused
 // shared MLP (width Is).
 struct Job {
@@ -175,10 +192,64 @@ struct Job {
   const float* b_gate = nullptr;
   const float* b_up = nullptr;
   const float* b_down = nullptr;
+  int expert = -1;      // routed expert or fused slot id; -1 = the unfused shared MLP
   int count = 0;        // tokens routed to it
   size_t first = 0;     // index of its first token in the flat token/weight/pointer arrays
   size_t act = 0;       // offset of its [count, inter] gate/activation block; up follows it
 };
+
+// Points a routed expert's (or fused slot's) job at its weights, materialising them on first use
+// (thread-safe: LayerWeights builds each expert once).
+void attach_weights(const LayerWeights& w, Job& job) {
+  const MoeSpec& spec = w.spec();
+  const ExpertView ex = w.expert(job.expert);
+  MK_CHECK(ex.w13 != nullptr && ex.w2 != nullptr,
+           "expert " << job.expert << " of " << spec.name << " has null weights");
+  if (spec.has_expert_bias && job.expert < spec.num_experts) {
+    MK_CHECK(ex.b13 != nullptr && ex.b2 != nullptr,
+             spec.name << " has expert biases but expert " << job.expert << " holds none");
+  }
+  job.gate = ex.w13;
+  job.up = ex.w13 + static_cast<size_t>(job.inter) * spec.hidden;
+  job.down = ex.w2;
+  job.b_gate = ex.b13;
+  job.b_up = ex.b13 ? ex.b13 + job.inter : nullptr;
+  job.b_down = ex.b2;
+}
+
+// A piece of work: rows [begin, end) of one job's weight matrix.
+struct Unit {
+  int job;
+  int begin, end;
+};
+
+// Cuts every job's `extent(job)` rows into units of about kUnitBytes of weights. why: units are
+// taken dynamically by whichever thread is free (the dev machine is shared, and a thread that
+// is descheduled must not hold up the phase), and a unit is long enough to be one sequential
+// stream. Unit boundaries depend only on the shapes, never on the thread count.
+constexpr size_t kUnitBytes = size_t{256} << 10;
+
+template <typename Extent, typename RowBytes>
+std::vector<Unit> make_units(const std::vector<Job>& jobs, Extent extent, RowBytes row_bytes) {
+  std::vector<Unit> units;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const int n = extent(jobs[j]);
+    const int step = static_cast<int>(std::max<size_t>(1, kUnitBytes / row_bytes(jobs[j])));
+    for (int b = 0; b < n; b += step) {
+      units.push_back({static_cast<int>(j), b, std::min(n, b + step)});
+    }
+  }
+  return units;
+}
+
+// Runs fn(unit) for every unit in [0, count) on `threads` threads, units handed out in order.
+void run_units(int threads, size_t count, const std::function<void(size_t)>& fn) {
+  if (count == 0) return;
+  std::atomic<size_t> next{0};
+  parallel(static_cast<int>(std::min<size_t>(threads, count)), [&](int, int) {
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;) fn(i);
+  });
+}
 
 }  // namespace
 
@@ -209,20 +280,25 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
            spec.name << " has a router bias but the weights hold none");
   const int C = spec.router_columns();
   const size_t TH = static_cast<size_t>(tokens) * H;
-  std::vector<double> xd(TH);
-  std::vector<float> xf(bf16_dot ? 0 : TH);
+  thread_local std::vector<double> xd_buffer;
+  thread_local std::vector<float> xf_buffer, act_buffer, down_buffer;
+  double* xd = scratch(xd_buffer, TH);
+  float* xf = bf16_dot ? nullptr : scratch(xf_buffer, TH);
   for (size_t i = 0; i < TH; ++i) {
     const float v = bf16_to_float(x[i]);
     xd[i] = v;
-    if (!bf16_dot) xf[i] = v;
+    if (xf) xf[i] = v;
   }
   std::vector<const double*> xd_rows(tokens);
-  for (int t = 0; t < tokens; ++t) xd_rows[t] = xd.data() + static_cast<size_t>(t) * H;
+  for (int t = 0; t < tokens; ++t) xd_rows[t] = xd + static_cast<size_t>(t) * H;
   std::vector<double> logits_d(static_cast<size_t>(tokens) * C);
   if (tokens > 0) {
     const bool w_f32 = rdt == DType::F32;
     const size_t row_bytes = static_cast<size_t>(H) * (w_f32 ? 4 : 2);
-    parallel(std::min(threads, C), [&](int p, int parts) {
+    // why: at decode the router is ~0.1% of the layer's bytes; a parallel phase costs a thread
+    // wake-up (tens of us, and milliseconds when the OS is slow to schedule the worker)
+    const bool small = static_cast<double>(tokens) * C * H <= kSerialRouterMacs;
+    parallel(small ? 1 : std::min(threads, C), [&](int p, int parts) {
       const int c0 = slice_begin(C, p, parts), c1 = slice_begin(C, p + 1, parts);
       if (c0 == c1) return;
       const void* wrows = static_cast<const uint8_t*>(w.router_weight()) + c0 * row_bytes;
@@ -289,34 +365,14 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
     }
   }
 
-  // ---- look the experts up (materialising them, in parallel, on first use)
-  std::vector<ExpertView> views(used.size());
-  {
-    std::atomic<size_t> next{0};
-    parallel(std::min<int>(threads, static_cast<int>(used.size())), [&](int, int) {
-      for (size_t i; (i = next.fetch_add(1)) < used.size();) views[i] = w.expert(used[i]);
-    });
-  }
+  // Routed experts and fused slots get their weights in the gate/up phase (attach_weights), so
+  // experts used for the first time are materialised there, in parallel, without a phase of
+  // their own.
   const int I = spec.expert_intermediate;
   for (size_t j = 0; j < used.size(); ++j) {
-    const ExpertView& ex = views[j];
-    MK_CHECK(ex.w13 != nullptr && ex.w2 != nullptr,
-             "expert " << used[j] << " of " << spec.name << " has null weights");
-    if (spec.has_expert_bias && used[j] < spec.num_experts) {
-      MK_CHECK(ex.b13 != nullptr && ex.b2 != nullptr,
-               spec.name << " has expert biases but expert " << used[j] << " holds none");
-    }
-    Job& job = jobs[j];
-    job.gate = ex.w13;
-    job.up = ex.w13 + static_cast<size_t>(I) * H;
-    job.down = ex.w2;
-    job.inter = I;
-    job.down_stride = I;
-    if (ex.b13) {
-      job.b_gate = ex.b13;
-      job.b_up = ex.b13 + I;
-    }
-    job.b_down = ex.b2;
+    jobs[j].expert = used[j];
+    jobs[j].inter = I;
+    jobs[j].down_stride = I;
   }
   if (add_shared) {
     const int Is = spec.shared_intermediate;
@@ -333,13 +389,11 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
 
   // ---- buffers: per job [count, inter] gate (then activation) and up blocks
   size_t act_size = 0;
-  int max_count = 0;
   for (Job& job : jobs) {
     job.act = act_size;
     act_size += 2 * static_cast<size_t>(job.count) * job.inter;
-    max_count = std::max(max_count, job.count);
   }
-  std::vector<float> act(act_size);
+  float* act = scratch(act_buffer, act_size);
   std::vector<const float*> xf_ptr(bf16_dot ? 0 : pairs);
   std::vector<const Bf16*> xb_ptr(bf16_dot ? pairs : 0);
   std::vector<const float*> act_ptr(pairs);
@@ -350,62 +404,83 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
       if (bf16_dot) {
         xb_ptr[i] = x + row;
       } else {
-        xf_ptr[i] = xf.data() + row;
+        xf_ptr[i] = xf + row;
       }
-      act_ptr[i] = act.data() + job.act + static_cast<size_t>(j) * job.inter;
+      act_ptr[i] = act + job.act + static_cast<size_t>(j) * job.inter;
     }
   }
   const ActivationFn activate{spec.activation, spec.swiglu_limit, spec.swiglu_alpha,
                             spec.swiglu_beta};
 
-  // ---- gate/up GEMM + activation: participant p owns columns [i0, i1) of every job
-  parallel(threads, [&](int p, int parts) {
-    for (const Job& job : jobs) {
-      const int i0 = slice_begin(job.inter, p, parts), i1 = slice_begin(job.inter, p + 1, parts);
-      if (i0 == i1) continue;
-      float* g = act.data() + job.act;
-      float* u = g + static_cast<size_t>(job.count) * job.inter;
-      const size_t off = static_cast<size_t>(i0) * H;
-      if (bf16_dot) {
-        kern.dot_rows_bf16(job.gate + off, H, i1 - i0, H, &xb_ptr[job.first], job.count, g + i0,
-                           job.inter);
-        kern.dot_rows_bf16(job.up + off, H, i1 - i0, H, &xb_ptr[job.first], job.count, u + i0,
-                           job.inter);
-      } else {
-        kern.dot_rows_f32(job.gate + off, H, i1 - i0, H, &xf_ptr[job.first], job.count, g + i0,
-                          job.inter);
-        kern.dot_rows_f32(job.up + off, H, i1 - i0, H, &xf_ptr[job.first], job.count, u + i0,
-                          job.inter);
-      }
-      for (int j = 0; j < job.count; ++j) {
-        float* gj = g + static_cast<size_t>(j) * job.inter;
-        const float* uj = u + static_cast<size_t>(j) * job.inter;
-        for (int i = i0; i < i1; ++i) {
-          const float gv = job.b_gate ? gj[i] + job.b_gate[i] : gj[i];
-          const float uv = job.b_up ? uj[i] + job.b_up[i] : uj[i];
-          gj[i] = activate(gv, uv);
-        }
+  // ---- gate/up GEMM + activation, in units of intermediate columns of one job
+  const std::vector<Unit> up_units =
+      make_units(jobs, [&](const Job& j) { return j.inter; },
+                 [&](const Job&) { return 4 * static_cast<size_t>(H); });  // gate + up row, bf16
+  run_units(threads, up_units.size(), [&](size_t ui) {
+    const Unit& unit = up_units[ui];
+    Job job = jobs[unit.job];
+    if (job.expert >= 0) attach_weights(w, job);
+    const int i0 = unit.begin, i1 = unit.end;
+    float* g = act + job.act;
+    float* u = g + static_cast<size_t>(job.count) * job.inter;
+    const size_t off = static_cast<size_t>(i0) * H;
+    if (bf16_dot) {
+      kern.dot_rows_bf16(job.gate + off, H, i1 - i0, H, &xb_ptr[job.first], job.count, g + i0,
+                         job.inter);
+      kern.dot_rows_bf16(job.up + off, H, i1 - i0, H, &xb_ptr[job.first], job.count, u + i0,
+                         job.inter);
+    } else {
+      kern.dot_rows_f32(job.gate + off, H, i1 - i0, H, &xf_ptr[job.first], job.count, g + i0,
+                        job.inter);
+      kern.dot_rows_f32(job.up + off, H, i1 - i0, H, &xf_ptr[job.first], job.count, u + i0,
+                        job.inter);
+    }
+    for (int j = 0; j < job.count; ++j) {
+      float* gj = g + static_cast<size_t>(j) * job.inter;
+      const float* uj = u + static_cast<size_t>(j) * job.inter;
+      for (int i = i0; i < i1; ++i) {
+        const float gv = job.b_gate ? gj[i] + job.b_gate[i] : gj[i];
+        const float uv = job.b_up ? uj[i] + job.b_up[i] : uj[i];
+        gj[i] = activate(gv, uv);
       }
     }
   });
 
-  // ---- down GEMM + weighted combine: participant p owns output rows [h0, h1) of y
-  parallel(threads, [&](int p, int parts) {
-    const int h0 = slice_begin(H, p, parts), h1 = slice_begin(H, p + 1, parts);
-    const int nh = h1 - h0;
-    if (nh == 0) return;
-    std::vector<float> tmp(static_cast<size_t>(max_count) * nh);
+  for (Job& job : jobs) {
+    if (job.expert >= 0) attach_weights(w, job);  // materialised by now: a lookup
+  }
+
+  // ---- down GEMM, in units of output rows of one job: down[pair, H] = W2 a (no bias yet)
+  float* down = scratch(down_buffer, pairs * static_cast<size_t>(H));
+  const std::vector<Unit> down_units =
+      make_units(jobs, [&](const Job&) { return H; },
+                 [&](const Job& j) { return 2 * static_cast<size_t>(j.inter); });
+  run_units(threads, down_units.size(), [&](size_t ui) {
+    const Unit& unit = down_units[ui];
+    const Job& job = jobs[unit.job];
+    kern.dot_rows_f32(job.down + static_cast<size_t>(unit.begin) * job.down_stride,
+                      job.down_stride, unit.end - unit.begin, job.inter, &act_ptr[job.first],
+                      job.count, down + job.first * H + unit.begin, H);
+  });
+
+  // ---- weighted combine, in column blocks of y: every y element sums the jobs in job order,
+  // so the result does not depend on which thread ran which unit
+  constexpr int kCombineColumns = 256;
+  const int blocks = (H + kCombineColumns - 1) / kCombineColumns;
+  const bool small_combine = static_cast<double>(pairs) * H <= kSerialCombineElements;
+  run_units(small_combine ? 1 : threads, blocks, [&](size_t b) {
+    const int h0 = static_cast<int>(b) * kCombineColumns;
+    const int h1 = std::min(H, h0 + kCombineColumns);
     for (const Job& job : jobs) {
-      kern.dot_rows_f32(job.down + static_cast<size_t>(h0) * job.down_stride, job.down_stride, nh,
-                        job.inter, &act_ptr[job.first], job.count, tmp.data(), nh);
       for (int j = 0; j < job.count; ++j) {
-        const float weight = wt[job.first + j];
-        float* yt = result.y.data() + static_cast<size_t>(tok[job.first + j]) * H + h0;
-        const float* o = tmp.data() + static_cast<size_t>(j) * nh;
+        const size_t pair = job.first + j;
+        const float weight = wt[pair];
+        float* yt = result.y.data() + static_cast<size_t>(tok[pair]) * H;
+        const float* o = down + pair * H;
         if (job.b_down) {
-          for (int h = 0; h < nh; ++h) yt[h] += weight * (o[h] + job.b_down[h0 + h]);
+          for (int h = h0; h < h1; ++h) yt[h] += weight * (o[h] + job.b_down[h]);
         } else {
-          for (int h = 0; h < nh; ++h) yt[h] += weight * o[h];
+          for (int h = h0; h < h1; ++h) yt[h] += weight * o[h];
         }
       }
     }
@@ -415,39 +490,45 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
 
 // ---------------------------------------------------------------- read bandwidth
 
-double measure_read_bandwidth(size_t bytes, int threads, int repeats, Isa isa) {
+namespace {
+// 4 MiB chunks taken dynamically, like the layer's units: a descheduled thread does not hold the
+// others up, so the probe and the layer are measured the same way.
+constexpr size_t kProbeChunk = (size_t{4} << 20) / sizeof(float);
+}  // namespace
+
+ReadProbe::ReadProbe(size_t bytes, Isa isa) : count_(bytes / sizeof(float)), isa_(resolve_isa(isa)) {
   MK_CHECK(bytes >= 1024, "expected a probe buffer of >= 1 KiB, got " << bytes << " bytes");
-  MK_CHECK(repeats >= 1, "expected repeats >= 1, got " << repeats);
-  const Kernels& kern = kernels_for(resolve_isa(isa));
-  const int P = resolve_threads(threads);
-  const size_t count = bytes / sizeof(float);
   // Not std::vector<float>(count): its zero-fill would first-touch every page on this thread.
-  std::unique_ptr<float[]> buf(new float[count]);
-  auto slice = [&](int p, int parts, size_t& b, size_t& e) {
-    // 64-float (256-byte) aligned slices so no two threads share a cache line
-    b = (count / 64) * p / parts * 64;
-    e = p + 1 == parts ? count : (count / 64) * (p + 1) / parts * 64;
-  };
-  parallel(P, [&](int p, int parts) {
-    size_t b, e;
-    slice(p, parts, b, e);
-    std::memset(buf.get() + b, 0, (e - b) * sizeof(float));
+  data_ = new float[count_];
+  const size_t chunks = (count_ + kProbeChunk - 1) / kProbeChunk;
+  run_units(resolve_threads(0), chunks, [&](size_t c) {
+    const size_t b = c * kProbeChunk, e = std::min(count_, b + kProbeChunk);
+    std::memset(data_ + b, 0, (e - b) * sizeof(float));
   });
-  std::vector<float> sink(P);
+}
+
+ReadProbe::~ReadProbe() { delete[] data_; }
+
+double ReadProbe::pass(int threads) {
+  const Kernels& kern = kernels_for(isa_);
+  const size_t chunks = (count_ + kProbeChunk - 1) / kProbeChunk;
+  std::vector<float> sums(chunks);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_units(resolve_threads(threads), chunks, [&](size_t c) {
+    const size_t b = c * kProbeChunk, e = std::min(count_, b + kProbeChunk);
+    sums[c] = kern.read_sum(data_ + b, e - b);
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (float v : sums) sink_ += v;  // keeps the sums alive
+  return static_cast<double>(bytes()) / s;
+}
+
+double measure_read_bandwidth(size_t bytes, int threads, int repeats, Isa isa) {
+  MK_CHECK(repeats >= 1, "expected repeats >= 1, got " << repeats);
+  ReadProbe probe(bytes, isa);
+  probe.pass(threads);  // warm-up
   double best = 0.0;
-  for (int rep = 0; rep <= repeats; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    parallel(P, [&](int p, int parts) {
-      size_t b, e;
-      slice(p, parts, b, e);
-      sink[p] += kern.read_sum(buf.get() + b, e - b);
-    });
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) best = std::max(best, static_cast<double>(count * sizeof(float)) / s);
-  }
-  volatile float keep = sink[0];
-  (void)keep;
+  for (int rep = 0; rep < repeats; ++rep) best = std::max(best, probe.pass(threads));
   return best;
 }
 

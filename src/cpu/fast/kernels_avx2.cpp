@@ -51,6 +51,10 @@ void dot_row_f32(const Bf16* w, int k, const float* const* x, float* out, size_t
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
   const int k_main = k & ~15;
   for (int c = 0; c < k_main; c += 16) {
+    // L2 prefetch 4 KB ahead, once per 64-byte line, for multi-token tiles (see the AVX-512 file)
+    if constexpr (J >= 2) {
+      if ((c & 31) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + c) + 4096, _MM_HINT_T1);
+    }
     const __m256 w0 = load_bf16x8(w + c);
     const __m256 w1 = load_bf16x8(w + c + 8);
     for (int j = 0; j < J; ++j) {

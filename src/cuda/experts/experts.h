@@ -46,14 +46,23 @@ struct ExpertsParams {
   __nv_bfloat16* y = nullptr;
 };
 
-// Kernel variants: token capacity per task (8 * n_tiles) picks the instantiation.
+// Kernel variants: gate/up or down; tokens per task (chunk 8 or 16); how weights are streamed.
 enum class ExpertsKind { GateUp, Down };
+enum class ExpertsStream {
+  Registers,  // experts_kernel.cuh: kUnroll k blocks per warp in registers, dynamic work items
+  Ring,       // experts_ring_kernel.cuh: per-thread cp.async ring in shared memory (chunk 8 only)
+};
 
-// Tokens per task the variant for `tokens` tokens per forward uses (the dispatch's chunk).
+// Tokens per task (8 or 16) for `tokens` tokens per forward: the dispatch's chunk and the variant.
+// MOEKIT_EXPERTS_CHUNK=8|16 overrides.
 int experts_chunk(int tokens);
-// Persistent grid size (SMs x resident CTAs) of a variant on the current device.
-int experts_grid(ExpertsKind kind, int chunk);
-void launch_experts(ExpertsKind kind, int chunk, const ExpertsParams& p, int grid,
-                    cudaStream_t stream);
+// The streaming variant: MOEKIT_EXPERTS_KERNEL=regs|ring, read at each call (layers read it once,
+// at creation); default registers.
+ExpertsStream experts_stream_from_env();
+// Persistent grid size (SMs x resident CTAs) of a variant on the current device; also raises the
+// variant's dynamic shared-memory limit.
+int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind);
+void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
+                    const ExpertsParams& p, int grid, cudaStream_t stream);
 
 }  // namespace moekit::cuda

@@ -18,8 +18,9 @@
 // load instruction covers whole 32-byte sectors (thread t of a row quad reads elements 8t..8t+7
 // and 32+8t..32+8t+7 of a 64-block). K is permuted identically for weights and activations, so
 // the dot products are unchanged: in mma step s thread t's logical k {2t,2t+1} / {2t+8,2t+9} are
-// its physical elements {4s,4s+1} / {4s+2,4s+3}. All kUnroll blocks of a warp are loaded before
-// the first mma: kUnroll * 64 B of weights per thread in flight.
+// its physical elements {4s,4s+1} / {4s+2,4s+3}. A warp loads kUnroll blocks (kUnroll * 64 B of
+// weights per thread) before their mma, and the next item's first blocks go out before the
+// current item's epilogue, so a CTA keeps bytes in flight between items.
 //
 // Down + combine: each item writes unweighted fp32 partials [pair, 16 rows]; the CTA that
 // completes a tile's last item (threadfence + counter) sums y[t] = sum_s w[t,s] * partial in slot
@@ -35,6 +36,7 @@
 #include <cstdint>
 
 #include "cuda/experts/experts.h"
+#include "cuda/layer/pdl.cuh"
 
 namespace moekit::cuda::experts_detail {
 
@@ -82,97 +84,167 @@ __device__ __forceinline__ float activate(Activation act, float g, float u, floa
   return (u + beta) * glu;
 }
 
+// What one work item needs: its task, its tile, the weight rows and activation rows of this thread.
+template <int kNT>
+struct ItemContext {
+  ExpertTask task;
+  int tile;
+  int r0;
+  int ntiles;  // n-tiles holding tokens
+  const __nv_bfloat16* row_lo;
+  const __nv_bfloat16* row_hi;
+  const __nv_bfloat16* xr[kNT];  // activation row of token (j*8 + g), null past task.count
+};
+
+template <bool kGateUp, int kNT>
+__device__ __forceinline__ ItemContext<kNT> item_context(const ExpertsParams& p, int item,
+                                                         int num_tasks, int g) {
+  constexpr int kTileRows = kGateUp ? 8 : 16;
+  ItemContext<kNT> c;
+  c.tile = item / num_tasks;
+  c.task = p.tasks[item - c.tile * num_tasks];
+  c.r0 = c.tile * kTileRows;
+  c.ntiles = (c.task.count + 7) >> 3;
+  const __nv_bfloat16* wexp = p.w + static_cast<long long>(c.task.expert) * p.w_expert_stride;
+  c.row_lo = wexp + static_cast<size_t>(c.r0 + g) * p.k;
+  c.row_hi = kGateUp ? wexp + static_cast<size_t>(p.inter + c.r0 + g) * p.k
+                     : c.row_lo + 8 * static_cast<size_t>(p.k);
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+    const int col = j * 8 + g;
+    c.xr[j] = nullptr;
+    if (col < c.task.count) {
+      const int pair = p.pair_list[c.task.begin + col];
+      c.xr[j] = p.x + static_cast<size_t>(pair / p.x_row_div) * p.k;
+    }
+  }
+  return c;
+}
+
+// Issues the weight loads of k blocks [kb0, kb0 + kUnroll) (those < nkb) of one item.
+template <int kNT, int kUnroll>
+__device__ __forceinline__ void load_weights(const ItemContext<kNT>& c, int kb0, int nkb, int t,
+                                             uint4 (&a)[kUnroll][4]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int off = (kb0 + u) * kBlockK + 8 * t;
+    if (kb0 + u < nkb) {
+      a[u][0] = ld_stream(c.row_lo + off);
+      a[u][1] = ld_stream(c.row_lo + off + 32);
+      a[u][2] = ld_stream(c.row_hi + off);
+      a[u][3] = ld_stream(c.row_hi + off + 32);
+    }
+  }
+}
+
+// The activation loads of the same blocks (zero for tokens past the task's count).
+template <int kNT, int kUnroll>
+__device__ __forceinline__ void load_acts(const ItemContext<kNT>& c, int kb0, int nkb, int t,
+                                          uint4 (&b)[kUnroll][kNT][2]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int off = (kb0 + u) * kBlockK + 8 * t;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      if (kb0 + u < nkb && c.xr[j] != nullptr) {
+        b[u][j][0] = ld_act(c.xr[j] + off);
+        b[u][j][1] = ld_act(c.xr[j] + off + 32);
+      } else {
+        b[u][j][0] = make_uint4(0, 0, 0, 0);
+        b[u][j][1] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  }
+}
+
+template <int kNT, int kUnroll>
+__device__ __forceinline__ void load_blocks(const ItemContext<kNT>& c, int kb0, int nkb, int t,
+                                            uint4 (&a)[kUnroll][4], uint4 (&b)[kUnroll][kNT][2]) {
+  load_weights<kNT, kUnroll>(c, kb0, nkb, t, a);
+  load_acts<kNT, kUnroll>(c, kb0, nkb, t, b);
+}
+
 // kGateUp: gate/up + activation, else down (+ combine). kNT: n-tiles of 8 tokens per task.
 // kUnroll: k blocks each warp loads before computing.
+//
+// Pipelining across items: the next item's index is fetched while the current one streams, and
+// its first kUnroll blocks are loaded before the current item's reduction and epilogue, so a
+// CTA keeps weight bytes in flight through its epilogues.
 template <bool kGateUp, int kNT, int kUnroll>
 __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParams p) {
   static_assert(kNT >= 1 && kNT <= 4, "kNT: 1..4 n-tiles of 8 tokens");
   static_assert(kUnroll >= 1 && kUnroll <= 8, "kUnroll: 1..8 k blocks in flight per warp");
   constexpr int kTileRows = kGateUp ? 8 : 16;
   __shared__ float red[kWarps][kNT * 4][32];
-  __shared__ int s_item;
+  __shared__ int s_item[2];
   __shared__ int s_last;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
+  if constexpr (kGateUp) pdl_wait();  // the dispatch is the kernel just before
   const int num_tasks = *p.num_tasks;
   const int tiles = p.rows / kTileRows;
   const int total = num_tasks * tiles;
   const int nkb = p.k / kBlockK;
+  const int kb_first = warp * kUnroll;
 
-  for (;;) {
-    if (threadIdx.x == 0) s_item = atomicAdd(p.work_counter, 1);
-    __syncthreads();
-    const int item = s_item;
-    __syncthreads();
-    if (item >= total) break;
-    const int tile = item / num_tasks;
-    const ExpertTask task = p.tasks[item - tile * num_tasks];
-    const int r0 = tile * kTileRows;
-    const __nv_bfloat16* wexp = p.w + static_cast<long long>(task.expert) * p.w_expert_stride;
-    const __nv_bfloat16* row_lo = wexp + static_cast<size_t>(r0 + g) * p.k;
-    const __nv_bfloat16* row_hi =
-        kGateUp ? wexp + static_cast<size_t>(p.inter + r0 + g) * p.k : row_lo + 8 * static_cast<size_t>(p.k);
-    const int ntiles = (task.count + 7) >> 3;
+  // PDL (pdl.cuh): the down kernel reads the dispatch (two launches back) and streams its first
+  // weights while the gate/up kernel drains, and waits only before touching h
+  if (threadIdx.x == 0) s_item[0] = atomicAdd(p.work_counter, 1);
+  __syncthreads();
+  int item = s_item[0];
+  if (item >= total) {
+    pdl_wait();
+    return;
+  }
+  ItemContext<kNT> ctx = item_context<kGateUp, kNT>(p, item, num_tasks, g);
+  uint4 a[kUnroll][4];
+  uint4 b[kUnroll][kNT][2];
+  load_weights<kNT, kUnroll>(ctx, kb_first, nkb, t, a);
+  if constexpr (!kGateUp) pdl_wait();
+  load_acts<kNT, kUnroll>(ctx, kb_first, nkb, t, b);
 
-    // activation rows of this thread's B column (token g of each n-tile)
-    const __nv_bfloat16* xr[kNT];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const int col = j * 8 + g;
-      xr[j] = nullptr;
-      if (col < task.count) {
-        const int pair = p.pair_list[task.begin + col];
-        xr[j] = p.x + static_cast<size_t>(pair / p.x_row_div) * p.k;
-      }
-    }
+  for (int parity = 0;; parity ^= 1) {
+    // the next item's index, published by the barrier after the main loop
+    if (threadIdx.x == 0) s_item[parity ^ 1] = atomicAdd(p.work_counter, 1);
 
     float acc[kNT][4];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-    // main loop: kUnroll blocks of weights and activations in flight, then the mma
-    for (int kb0 = warp * kUnroll; kb0 < nkb; kb0 += kWarps * kUnroll) {
-      uint4 a[kUnroll][4];
-      uint4 b[kUnroll][kNT][2];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int off = (kb0 + u) * kBlockK + 8 * t;
-        if (kb0 + u < nkb) {
-          a[u][0] = ld_stream(row_lo + off);
-          a[u][1] = ld_stream(row_lo + off + 32);
-          a[u][2] = ld_stream(row_hi + off);
-          a[u][3] = ld_stream(row_hi + off + 32);
-        }
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          if (kb0 + u < nkb && xr[j] != nullptr) {
-            b[u][j][0] = ld_act(xr[j] + off);
-            b[u][j][1] = ld_act(xr[j] + off + 32);
-          } else {
-            b[u][j][0] = make_uint4(0, 0, 0, 0);
-            b[u][j][1] = make_uint4(0, 0, 0, 0);
-          }
-        }
-      }
+    // main loop: compute on the loaded blocks, then load this warp's next run of blocks
+    for (int kb0 = kb_first; kb0 < nkb; kb0 += kWarps * kUnroll) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (kb0 + u < nkb) {
 #pragma unroll
           for (int j = 0; j < kNT; ++j) {
-            if (j < ntiles) mma_block(acc[j], a[u], b[u][j]);
+            if (j < ctx.ntiles) mma_block(acc[j], a[u], b[u][j]);
           }
         }
       }
+      if (kb0 + kWarps * kUnroll < nkb) {
+        load_blocks<kNT, kUnroll>(ctx, kb0 + kWarps * kUnroll, nkb, t, a, b);
+      }
     }
 
-    // reduce across the warps that split K, in warp order
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) red[warp][j * 4 + r][lane] = acc[j][r];
     }
     __syncthreads();
+
+    // prefetch: the next item's first blocks go out before this item's epilogue (warps 1-7) or
+    // right after it (warp 0, whose epilogue needs the registers the loads would occupy)
+    const int next = s_item[parity ^ 1];
+    ItemContext<kNT> next_ctx;
+    if (next < total) next_ctx = item_context<kGateUp, kNT>(p, next, num_tasks, g);
+    if (kGateUp && warp != 0 && next < total) {
+      load_blocks<kNT, kUnroll>(next_ctx, kb_first, nkb, t, a, b);
+    }
+
+    // reduce across the warps that split K, in warp order; epilogue on warp 0
     if (warp == 0) {
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
@@ -184,15 +256,17 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
           acc[j][r] = s;
         }
       }
-      const float* bias = p.bias != nullptr ? p.bias + task.expert * p.bias_expert_stride : nullptr;
-      // epilogue: thread holds rows (r0+g | gate, up) or (r0+g, r0+g+8) for tokens 2t, 2t+1
+      const int r0 = ctx.r0;
+      const float* bias =
+          p.bias != nullptr ? p.bias + ctx.task.expert * p.bias_expert_stride : nullptr;
+      // thread holds rows (r0+g | gate, up) or (r0+g, r0+g+8) for tokens 2t, 2t+1 of tile j
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int col = j * 8 + 2 * t + c;
-          if (col < task.count) {
-            const int pair = p.pair_list[task.begin + col];
+          if (col < ctx.task.count) {
+            const int pair = p.pair_list[ctx.task.begin + col];
             if constexpr (kGateUp) {
               float gate = acc[j][c], up = acc[j][2 + c];
               if (bias != nullptr) {
@@ -214,17 +288,21 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
           }
         }
       }
+      if (kGateUp && next < total) load_blocks<kNT, kUnroll>(next_ctx, kb_first, nkb, t, a, b);
     }
 
     if constexpr (!kGateUp) {
       if (p.tile_counters != nullptr) {
-        // last item of this tile combines it, in slot order
+        // the last item of this tile combines it, in slot order
         __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) s_last = atomicAdd(p.tile_counters + tile, 1) == num_tasks - 1;
+        if (threadIdx.x == 0) {
+          s_last = atomicAdd(p.tile_counters + ctx.tile, 1) == num_tasks - 1;
+        }
         __syncthreads();
         if (s_last) {
           __threadfence();
+          const int r0 = ctx.r0;
           for (int i = threadIdx.x; i < p.tokens * kTileRows; i += kThreads) {
             const int tok = i / kTileRows;
             const int r = r0 + (i - tok * kTileRows);
@@ -234,15 +312,19 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
               y += p.slot_weights[q] * __ldcg(p.partial + q * p.rows + r);
             }
             if (p.shared_partial != nullptr) {
-              y += p.shared_scale[tok] * __ldcg(p.shared_partial + static_cast<size_t>(tok) * p.rows + r);
+              y += p.shared_scale[tok] *
+                   __ldcg(p.shared_partial + static_cast<size_t>(tok) * p.rows + r);
             }
             p.y[static_cast<size_t>(tok) * p.rows + r] = __float2bfloat16_rn(y);
           }
-          if (threadIdx.x == 0) p.tile_counters[tile] = 0;
+          if (threadIdx.x == 0) p.tile_counters[ctx.tile] = 0;
         }
       }
+      if (next < total) load_blocks<kNT, kUnroll>(next_ctx, kb_first, nkb, t, a, b);
     }
-    __syncthreads();
+    __syncthreads();  // red and s_item are reused by the next item
+    if (next >= total) break;
+    ctx = next_ctx;
   }
 }
 

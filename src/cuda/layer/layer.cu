@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common/random_values.h"
@@ -87,7 +88,8 @@ struct GpuMoeLayer::Impl {
   bool can_fuse = false;
   RoutingConfig cfg_fused, cfg_unfused;
   cudaStream_t stream = nullptr;
-  int grid[2][2] = {};  // [kind][chunk 8, 32]
+  int grid[2][2] = {};  // [kind][chunk 8, 16]
+  ExpertsStream stream_kind = ExpertsStream::Registers;  // chunk 8 variant
 
   // weights
   size_t weight_bytes = 0;
@@ -301,12 +303,18 @@ struct GpuMoeLayer::Impl {
   }
 
   void init_launch_config() {
-    const int chunks[2] = {8, 32};
+    stream_kind = experts_stream_from_env();
+    const int chunks[2] = {8, 16};
     for (int c = 0; c < 2; ++c) {
-      grid[0][c] = experts_grid(ExpertsKind::GateUp, chunks[c]);
-      grid[1][c] = experts_grid(ExpertsKind::Down, chunks[c]);
+      grid[0][c] = experts_grid(ExpertsKind::GateUp, chunks[c], kind_for(chunks[c]));
+      grid[1][c] = experts_grid(ExpertsKind::Down, chunks[c], kind_for(chunks[c]));
     }
     warm_up_router_gemm(spec, opt.max_tokens, stream);
+  }
+
+  // The ring variant exists for chunk 8 only.
+  ExpertsStream kind_for(int chunk) const {
+    return chunk == 8 ? stream_kind : ExpertsStream::Registers;
   }
 
   bool resolve_fused(FuseShared fuse, int /*tokens*/) const {
@@ -342,7 +350,7 @@ struct GpuMoeLayer::Impl {
     const int s_run = fused ? S : 0;
     const int slots = K + s_run;
     const int chunk = experts_chunk(tokens);
-    const int ci = chunk == 8 ? 0 : 1;
+    const int ci = chunk == 8 ? 0 : 1;  // experts_chunk gives 8 or 16
     const bool shared_unfused = has_shared && !fused;
     auto* ctr = counters.as<DispatchCounters>();
 
@@ -392,7 +400,7 @@ struct GpuMoeLayer::Impl {
       g.num_tasks = &ctr->num_shared_tasks;
       g.work_counter = &ctr->work[2];
       g.h = shared_h.as<__nv_bfloat16>();
-      launch_experts(ExpertsKind::GateUp, chunk, g, grid[0][ci], st);
+      launch_experts(ExpertsKind::GateUp, chunk, kind_for(chunk), g, grid[0][ci], st);
 
       ExpertsParams d = experts_common();
       d.w = shared_w2.as<__nv_bfloat16>();
@@ -406,7 +414,7 @@ struct GpuMoeLayer::Impl {
       d.num_tasks = &ctr->num_shared_tasks;
       d.work_counter = &ctr->work[3];
       d.partial = shared_partial.as<float>();
-      launch_experts(ExpertsKind::Down, chunk, d, grid[1][ci], st);
+      launch_experts(ExpertsKind::Down, chunk, kind_for(chunk), d, grid[1][ci], st);
     }
 
     // 3. routed (+ fused shared) gate/up
@@ -425,7 +433,7 @@ struct GpuMoeLayer::Impl {
     g.num_tasks = &ctr->num_tasks;
     g.work_counter = &ctr->work[0];
     g.h = h.as<__nv_bfloat16>();
-    launch_experts(ExpertsKind::GateUp, chunk, g, grid[0][ci], st);
+    launch_experts(ExpertsKind::GateUp, chunk, kind_for(chunk), g, grid[0][ci], st);
 
     // 4. down + weighted combine
     ExpertsParams d = experts_common();
@@ -450,7 +458,7 @@ struct GpuMoeLayer::Impl {
     d.shared_partial = shared_unfused ? shared_partial.as<float>() : nullptr;
     d.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
     d.y = static_cast<__nv_bfloat16*>(y);
-    launch_experts(ExpertsKind::Down, chunk, d, grid[1][ci], st);
+    launch_experts(ExpertsKind::Down, chunk, kind_for(chunk), d, grid[1][ci], st);
   }
 };
 
@@ -626,8 +634,18 @@ std::vector<float> GpuMoeLayer::last_logits(int tokens) const {
 ForwardResult forward_once(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse) {
   GpuLayerOptions opt;
   opt.max_tokens = std::max(tokens, 1);
-  auto layer = GpuMoeLayer::create(w, opt);
-  return layer->forward(x, tokens, fuse);
+  // Random weights (origin "random seed N", weights.h) are regenerated on the device: uploading
+  // would materialise every expert on the host (22.6 GB for DeepSeek-V3).
+  const std::string origin = w.origin();
+  const std::string prefix = "random seed ";
+  if (origin.rfind(prefix, 0) == 0) {
+    size_t used = 0;
+    const unsigned long long seed = std::stoull(origin.substr(prefix.size()), &used);
+    if (used == origin.size() - prefix.size()) {
+      return GpuMoeLayer::create_random(w.spec(), w.layer(), seed, opt)->forward(x, tokens, fuse);
+    }
+  }
+  return GpuMoeLayer::create(w, opt)->forward(x, tokens, fuse);
 }
 
 bool available(std::string* why) {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -18,6 +19,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/router_gemm/router_gemm_launch.h"
 #include "moekit/error.h"
+#include "moekit/router_gemm.h"
 #include "moekit/spec.h"
 #include "moekit/tuning.h"
 
@@ -28,13 +30,21 @@ using tuning::RouterGemmConfig;
 
 namespace router_gemm_detail {
 
-bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MOEKIT_ROUTER_GEMM_PDL");
-    return v == nullptr || std::string(v) != "0";
+namespace {
+std::atomic<int>& pdl_flag() {
+  // Off with MOEKIT_ROUTER_GEMM_PDL=0, or with the layer's switch MOEKIT_PDL=0 (pdl.cuh).
+  static std::atomic<int> flag = [] {
+    for (const char* name : {"MOEKIT_ROUTER_GEMM_PDL", "MOEKIT_PDL"}) {
+      const char* v = std::getenv(name);
+      if (v != nullptr && std::string(v) == "0") return 0;
+    }
+    return 1;
   }();
-  return enabled;
+  return flag;
 }
+}  // namespace
+
+bool pdl_enabled() { return pdl_flag().load(std::memory_order_relaxed) != 0; }
 
 }  // namespace router_gemm_detail
 
@@ -95,6 +105,11 @@ struct ArchCache {
 };
 
 }  // namespace
+
+void set_router_gemm_pdl(bool enabled) {
+  router_gemm_detail::pdl_flag().store(enabled ? 1 : 0, std::memory_order_relaxed);
+}
+bool router_gemm_pdl() { return router_gemm_detail::pdl_enabled(); }
 
 tuning::Arch current_arch() {
   static ArchCache cache;

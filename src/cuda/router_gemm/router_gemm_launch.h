@@ -17,7 +17,7 @@ inline RouterGemmArgs make_args(const RouterGemmProblem& p) {
 }
 
 // Whether kernels launch with programmatic stream serialisation (PDL). On unless
-// MOEKIT_ROUTER_GEMM_PDL=0 (to measure what it buys).
+// MOEKIT_ROUTER_GEMM_PDL=0 or MOEKIT_PDL=0; set_router_gemm_pdl (moekit/router_gemm.h) switches it.
 bool pdl_enabled();
 
 // Launches kernel<<<grid, block, 0, stream>>>(args) with PDL when enabled and, when

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "cuda/align/align.cuh"
+#include "cuda/layer/pdl.cuh"
 #include "cuda/routing/routing.h"
 
 namespace moekit::cuda::routing_detail {
@@ -233,6 +234,10 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int token = blockIdx.x * kRoutingWarps + warp;
+  // PDL: the logits come from the router GEMM just before; the gate/up kernel after us may
+  // become resident now and wait for our completion
+  pdl_wait();
+  pdl_launch_dependents();
   if (token < p.tokens) route_token(p, token, lane);
 
   // The last CTA to finish sees every token's ids and builds the dispatch lists.
