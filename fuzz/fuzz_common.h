@@ -25,7 +25,7 @@ namespace moekit::fuzz {
 // The families whose checkpoint names differ (DESIGN.md §5 and include/moekit/checkpoint.h).
 inline const std::vector<std::string>& checkpoint_models() {
   static const std::vector<std::string> kModels = {
-      "deepseek-v3", "qwen2-57b-a14b", "mixtral-8x7b",  "minimax-m3",
+      "deepseek-v3", "qwen2-57b-a14b",    "mixtral-8x7b", "minimax-m3",
       "minimax-m2",  "deepseek-v4-flash", "gpt-oss-120b", "qwen3-30b-a3b"};
   return kModels;
 }
@@ -71,7 +71,8 @@ inline std::string scratch_path(const std::string& tag) {
   std::filesystem::create_directories(dir);
   // Removed at exit (libFuzzer ends with exit(), also after -max_total_time).
   static std::vector<std::filesystem::path> made;
-  if (made.empty()) std::atexit([] {
+  if (made.empty())
+    std::atexit([] {
       std::error_code ec;
       for (const auto& d : made) std::filesystem::remove_all(d, ec);
     });

@@ -34,10 +34,10 @@ int main(int argc, char** argv) {
       bool stacked;
       moekit::DType dtype;
     };
-    for (const Variant& v : {Variant{"bf16", false, moekit::DType::BF16},
-                             Variant{"stacked", true, moekit::DType::BF16},
-                             Variant{"f32", false, moekit::DType::F32},
-                             Variant{"fp8", false, moekit::DType::F8_E4M3}}) {
+    for (const Variant& v :
+         {Variant{"bf16", false, moekit::DType::BF16},
+          Variant{"stacked", true, moekit::DType::BF16}, Variant{"f32", false, moekit::DType::F32},
+          Variant{"fp8", false, moekit::DType::F8_E4M3}}) {
       fs::remove_all(work);
       moekit::SaveCheckpointOptions opt;
       opt.stacked = v.stacked;

@@ -1,79 +1,100 @@
 #!/usr/bin/env bash
 # The one-call GPU check, run on the GPU machine (the H200): build, run every test (CPU and GPU),
-# compute-sanitizer over the GPU tests on small shapes, the benchmarks, and the router GEMM tuner.
-# Writes logs and JSON under $OUT (default ./gpu_out). Stages can be chosen:
-#   STAGES="build test sanitize bench tune" scripts/gpu_check.sh
-# Each stage's failure is recorded in $OUT/summary.txt and the script goes on, so one call
-# returns everything there is to learn.
+# compute-sanitizer over the GPU tests on small shapes, the layer and router GEMM benchmarks, and
+# the router GEMM tuner. Writes under $OUT (default ./gpu_out):
+#   summary.txt        one line per stage (rc, seconds) and the key results
+#   logs.tar.gz        every log (build with ptxas report, tests, sanitizer, bench stderr)
+#   bench_layer.jsonl  `moekit bench --device cuda --json` records, one JSON document per model
+#   bench_router.jsonl `moekit bench router-gemm --json`, one per model
+#   tuning_sm90.json, sm90.inc   the tuner's table (commit sm90.inc as tuning/sm90.inc)
+# Stages: STAGES="build test sanitize bench tune" (default all). A failing stage is recorded and
+# the script goes on, so one call returns everything there is to learn.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
-mkdir -p "$OUT"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
 STAGES="${STAGES:-build test sanitize bench tune}"
 BUILD="${MOEKIT_BUILD_DIR:-build-gpu}"
+BENCH_MODELS="${BENCH_MODELS:-deepseek-v3 qwen3-30b-a3b kimi-k2 minimax-m2 qwen2-57b-a14b gpt-oss-120b}"
+BENCH_BATCHES="${BENCH_BATCHES:-1,2,4,8,16,32,64,128,256}"
+TUNE_BATCHES="${TUNE_BATCHES:-1-16,20,24,28,32,40,48,56,64,80,96,112,128}"
 summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
-stage_start=$(date +%s)
-timed() {  # timed NAME LOGFILE COMMAND...: run, log, record status and seconds
+t_start=$(date +%s)
+timed() {  # timed NAME LOGFILE COMMAND...: run with output appended to LOGFILE, record rc and time
   local name=$1 log=$2; shift 2
   local t0=$(date +%s)
   "$@" >>"$log" 2>&1
   local rc=$?
-  note "$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")"
+  note "$(printf '%-34s rc=%-3s %5ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")"
   return $rc
 }
+models_all=$(ls configs/*.json | xargs -n1 basename | sed 's/\.json$//')
 
-note "gpu_check $(date -u +%FT%TZ) on $(hostname)"
+note "gpu_check $(date -u +%FT%TZ) on $(hostname), git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader \
   2>&1 | tee -a "$summary"
-note "git $(git rev-parse --short HEAD 2>/dev/null || echo '?') stages: $STAGES"
+note "stages: $STAGES"
 
 if has_stage build; then
   export PATH="$PATH:/usr/local/cuda/bin"
-  timed configure "$OUT/build.log" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DMOEKIT_CUDA=ON || { note "configure failed: see build.log"; tail -30 "$OUT/build.log"; }
-  timed build "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)" \
-    || { note "build failed"; grep -E "error|Error" "$OUT/build.log" | head -40; }
-  # Register and spill report of every kernel, for the notes.
-  grep -E "ptxas info|spill" "$OUT/build.log" | grep -B1 -E "bytes spill" | grep -v " 0 bytes spill" \
-    | head -20 >>"$OUT/build.log"
+  timed configure "$LOGS/build.log" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DMOEKIT_CUDA=ON "-DCMAKE_CUDA_FLAGS=-Xptxas=-v"
+  timed build "$LOGS/build.log" cmake --build "$BUILD" -j "$(nproc)" \
+    || grep -E "error" "$LOGS/build.log" | head -30 | tee -a "$summary"
+  note "ptxas: $(grep -c 'Used [0-9]* registers' "$LOGS/build.log") kernels reported," \
+       "$(grep -E 'bytes spill' "$LOGS/build.log" | grep -vc ' 0 bytes spill stores, 0 bytes spill loads') with spills"
 fi
 MOEKIT="$BUILD/moekit"
+CUDA_TESTS="$BUILD/tests/moekit_cuda_tests"
 
 if has_stage test; then
-  timed ctest "$OUT/tests.log" ctest --test-dir "$BUILD" --output-on-failure -j 8 --timeout 900
-  grep -E "tests passed|tests failed|Failed|\*\*\*" "$OUT/tests.log" | tail -30 | tee -a "$summary"
-  if [ -x "$BUILD/tests/moekit_cuda_tests" ]; then
-    timed cuda_tests "$OUT/cuda_tests.log" "$BUILD/tests/moekit_cuda_tests" --gtest_brief=1
-    grep -E "PASSED|FAILED|SKIPPED" "$OUT/cuda_tests.log" | tail -25 | tee -a "$summary"
+  timed ctest-cpu "$LOGS/tests.log" ctest --test-dir "$BUILD" --output-on-failure -j 8 \
+    --timeout 900 -E moekit_cuda_tests
+  grep -E "tests passed|tests failed" "$LOGS/tests.log" | tail -1 | tee -a "$summary"
+  grep -E "^\s+[0-9]+ - .*\(Failed|Timeout|SEGFAULT" "$LOGS/tests.log" | head -20 | tee -a "$summary"
+  if [ -x "$CUDA_TESTS" ]; then
+    timed cuda-tests "$LOGS/cuda_tests.log" "$CUDA_TESTS"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]" "$LOGS/cuda_tests.log" | tail -30 \
+      | tee -a "$summary"
   fi
 fi
 
-if has_stage sanitize && [ -x "$BUILD/tests/moekit_cuda_tests" ]; then
-  # Small shapes only (tests named *Small*); full-size shapes under the sanitizer take too long.
+if has_stage sanitize && [ -x "$CUDA_TESTS" ]; then
+  # Small shapes only (tests with Small in their name): full shapes under the tools take too long.
   for tool in memcheck racecheck initcheck synccheck; do
-    timed "sanitizer-$tool" "$OUT/sanitizer.log" compute-sanitizer --tool "$tool" \
-      --error-exitcode 9 "$BUILD/tests/moekit_cuda_tests" --gtest_filter='*Small*' --gtest_brief=1
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | tail -1 | tee -a "$summary"
-  done
-fi
-
-if has_stage bench && [ -x "$MOEKIT" ]; then
-  for m in deepseek-v3 qwen3-30b-a3b kimi-k2 minimax-m2 qwen2-57b-a14b; do
-    timed "bench-$m" "$OUT/bench.log" "$MOEKIT" bench --device cuda --model "$m" \
-      --batch 1,2,4,8,16,32,64,128,256 --fuse-shared auto --json
-  done
-  # Each bench prints JSON records; keep them together, one JSON document per line group.
-  cp "$OUT/bench.log" "$OUT/bench_layer.json" 2>/dev/null
-  for m in $("$MOEKIT" inspect --help >/dev/null 2>&1 && ls configs/*.json | xargs -n1 basename | sed 's/\.json$//'); do
-    timed "router-$m" "$OUT/bench_router.json" "$MOEKIT" bench router-gemm --model "$m" --json
+    timed "sanitizer-$tool" "$LOGS/sanitizer_$tool.log" compute-sanitizer --tool "$tool" \
+      --error-exitcode 9 "$CUDA_TESTS" --gtest_filter="${SANITIZE_FILTER:-*Small*:RouterGemmCuda.Dispatch*:RouterGemmCuda.Graph*}" --gtest_brief=1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$LOGS/sanitizer_$tool.log" \
+      | tail -3 | tee -a "$summary"
   done
 fi
 
 if has_stage tune && [ -x "$MOEKIT" ]; then
-  models=$(ls configs/*.json | xargs -n1 basename | sed 's/\.json$//' | sed 's/^/--model /' | tr '\n' ' ')
-  timed tune "$OUT/tune.log" "$MOEKIT" tune $models --out "$OUT/tuning_sm90.json"
+  args=""
+  for m in $models_all; do args="$args --model $m"; done
+  timed tune "$LOGS/tune.log" "$MOEKIT" tune $args --batch "$TUNE_BATCHES" \
+    --out "$OUT/tuning_sm90.json" --inc "$OUT/sm90.inc"
+  [ -f "$OUT/tuning_sm90.json" ] && export MOEKIT_TUNING_FILE="$OUT/tuning_sm90.json"
 fi
-note "total $(( $(date +%s) - stage_start )) s"
+
+if has_stage bench && [ -x "$MOEKIT" ]; then
+  for m in $models_all; do
+    timed "router-gemm $m" "$LOGS/bench_router.log" \
+      sh -c "'$MOEKIT' bench router-gemm --model $m --json >>'$OUT/bench_router.jsonl'"
+  done
+  "$MOEKIT" bench router-gemm --model deepseek-v3 >>"$summary" 2>>"$LOGS/bench_router.log"
+  for m in $BENCH_MODELS; do
+    timed "bench $m" "$LOGS/bench_layer.log" \
+      sh -c "'$MOEKIT' bench --device cuda --model $m --batch $BENCH_BATCHES --json >>'$OUT/bench_layer.jsonl'"
+  done
+  "$MOEKIT" bench --device cuda --model deepseek-v3 --batch 1,8,32,128 >>"$summary" \
+    2>>"$LOGS/bench_layer.log"
+  "$MOEKIT" run --device cuda --model deepseek-v3 --tokens 4 --fuse-shared on >>"$summary" 2>&1
+fi
+
+note "total $(( $(date +%s) - t_start )) s"
+tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$LOGS"

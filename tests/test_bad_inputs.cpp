@@ -70,10 +70,10 @@ json read_config(const std::string& model) {
 
 struct ConfigCase {
   const char* name;
-  const char* model;                    // configs/<model>.json as the starting point
-  std::function<void(json&)> mutate;    // the breakage (on text_config for nested configs)
-  std::vector<std::string> fragments;   // the error must name these
-  const char* raw = nullptr;            // instead of model + mutate: this text
+  const char* model;                   // configs/<model>.json as the starting point
+  std::function<void(json&)> mutate;   // the breakage (on text_config for nested configs)
+  std::vector<std::string> fragments;  // the error must name these
+  const char* raw = nullptr;           // instead of model + mutate: this text
 };
 
 void PrintTo(const ConfigCase& c, std::ostream* os) { *os << c.name; }
@@ -97,62 +97,127 @@ const ConfigCase kConfigCases[] = {
     {"NotJson", "", nullptr, {"config 'bad' is not valid JSON"}, "{\"hidden_size\": 7168,"},
     // Found by fuzz/fuzz_spec: nlohmann throws out_of_range (not parse_error) for a number
     // beyond double, which escaped parse_spec_json as a foreign exception.
-    {"NumberBeyondDouble", "", nullptr, {"config 'bad' is not valid JSON", "number overflow"},
+    {"NumberBeyondDouble",
+     "",
+     nullptr,
+     {"config 'bad' is not valid JSON", "number overflow"},
      R"({"model_type": "deepseek_v3", "hidden_size": 9e956})"},
     {"NotAnObject", "", nullptr, {"config 'bad' must be a JSON object, got array"}, "[1, 2]"},
-    {"MissingModelType", "mixtral-8x7b", [](json& c) { c.erase("model_type"); c.erase("architectures"); },
+    {"MissingModelType",
+     "mixtral-8x7b",
+     [](json& c) {
+       c.erase("model_type");
+       c.erase("architectures");
+     },
      {"missing key 'model_type'"}},
-    {"MissingHiddenSize", "deepseek-v3", [](json& c) { c.erase("hidden_size"); },
+    {"MissingHiddenSize",
+     "deepseek-v3",
+     [](json& c) { c.erase("hidden_size"); },
      {"missing key 'hidden_size'"}},
-    {"ZeroHiddenSize", "deepseek-v3", [](json& c) { c["hidden_size"] = 0; },
+    {"ZeroHiddenSize",
+     "deepseek-v3",
+     [](json& c) { c["hidden_size"] = 0; },
      {"'hidden_size' must be a positive size, got 0"}},
-    {"NegativeIntermediate", "deepseek-v3", [](json& c) { c["moe_intermediate_size"] = -2048; },
+    {"NegativeIntermediate",
+     "deepseek-v3",
+     [](json& c) { c["moe_intermediate_size"] = -2048; },
      {"'moe_intermediate_size' must be a positive size, got -2048"}},
-    {"HiddenSizeAsString", "deepseek-v3", [](json& c) { c["hidden_size"] = "7168"; },
+    {"HiddenSizeAsString",
+     "deepseek-v3",
+     [](json& c) { c["hidden_size"] = "7168"; },
      {"key 'hidden_size' must be an integer, got \"7168\""}},
-    {"HiddenSizeAsFloat", "qwen3-30b-a3b", [](json& c) { c["hidden_size"] = 2048.5; },
+    {"HiddenSizeAsFloat",
+     "qwen3-30b-a3b",
+     [](json& c) { c["hidden_size"] = 2048.5; },
      {"key 'hidden_size' must be an integer, got 2048.5"}},
-    {"MissingExpertCount", "deepseek-v3", [](json& c) { c.erase("n_routed_experts"); },
+    {"MissingExpertCount",
+     "deepseek-v3",
+     [](json& c) { c.erase("n_routed_experts"); },
      {"missing key 'n_routed_experts' or 'num_experts' or 'num_local_experts'"}},
-    {"TopKAboveExperts", "deepseek-v3", [](json& c) { c["num_experts_per_tok"] = 300; },
+    {"TopKAboveExperts",
+     "deepseek-v3",
+     [](json& c) { c["num_experts_per_tok"] = 300; },
      {"num_experts_per_tok = 300", "number of experts = 256"}},
-    {"ExpertsNotDivisibleByGroups", "deepseek-v3", [](json& c) { c["n_group"] = 7; },
+    {"ExpertsNotDivisibleByGroups",
+     "deepseek-v3",
+     [](json& c) { c["n_group"] = 7; },
      {"number of experts = 256 is not divisible by n_group = 7"}},
-    {"TopkGroupAboveGroups", "deepseek-v3", [](json& c) { c["topk_group"] = 9; },
+    {"TopkGroupAboveGroups",
+     "deepseek-v3",
+     [](json& c) { c["topk_group"] = 9; },
      {"topk_group = 9 must be in [1, n_group = 8]"}},
-    {"TopKBeyondKeptGroups", "deepseek-v3", [](json& c) { c["topk_group"] = 1; c["num_experts_per_tok"] = 33; },
+    {"TopKBeyondKeptGroups",
+     "deepseek-v3",
+     [](json& c) {
+       c["topk_group"] = 1;
+       c["num_experts_per_tok"] = 33;
+     },
      {"num_experts_per_tok = 33 exceeds the 32 experts of the topk_group = 1 groups kept"}},
-    {"UnknownScoringFunction", "deepseek-v3", [](json& c) { c["scoring_func"] = "relu"; },
+    {"UnknownScoringFunction",
+     "deepseek-v3",
+     [](json& c) { c["scoring_func"] = "relu"; },
      {"unknown 'scoring_func' = 'relu'"}},
-    {"UnknownActivation", "qwen3-30b-a3b", [](json& c) { c["hidden_act"] = "gelu"; },
+    {"UnknownActivation",
+     "qwen3-30b-a3b",
+     [](json& c) { c["hidden_act"] = "gelu"; },
      {"unsupported 'hidden_act' = 'gelu'"}},
-    {"UnknownRouterDtype", "minimax-m2", [](json& c) { c["router_dtype"] = "int8"; },
+    {"UnknownRouterDtype",
+     "minimax-m2",
+     [](json& c) { c["router_dtype"] = "int8"; },
      {"unknown 'router_dtype' = 'int8'"}},
-    {"NegativeRoutedScaling", "deepseek-v3", [](json& c) { c["routed_scaling_factor"] = -2.5; },
+    {"NegativeRoutedScaling",
+     "deepseek-v3",
+     [](json& c) { c["routed_scaling_factor"] = -2.5; },
      {"routed_scaling_factor must be a positive number, got -2.5"}},
-    {"RoutedScalingAsString", "deepseek-v3", [](json& c) { c["routed_scaling_factor"] = "2.5"; },
+    {"RoutedScalingAsString",
+     "deepseek-v3",
+     [](json& c) { c["routed_scaling_factor"] = "2.5"; },
      {"key 'routed_scaling_factor' must be a number, got \"2.5\""}},
-    {"NormTopkProbNotBool", "qwen3-30b-a3b", [](json& c) { c["norm_topk_prob"] = "yes"; },
+    {"NormTopkProbNotBool",
+     "qwen3-30b-a3b",
+     [](json& c) { c["norm_topk_prob"] = "yes"; },
      {"key 'norm_topk_prob' must be true or false, got \"yes\""}},
-    {"NegativeSwigluLimit", "deepseek-v3", [](json& c) { c["swiglu_limit"] = -7.0; },
+    {"NegativeSwigluLimit",
+     "deepseek-v3",
+     [](json& c) { c["swiglu_limit"] = -7.0; },
      {"swiglu_limit must be >= 0, got -7"}},
-    {"DenseReplaceBeyondLayers", "deepseek-v3", [](json& c) { c["first_k_dense_replace"] = 100; },
+    {"DenseReplaceBeyondLayers",
+     "deepseek-v3",
+     [](json& c) { c["first_k_dense_replace"] = 100; },
      {"'first_k_dense_replace' = 100 outside [0, num_hidden_layers = 61]"}},
-    {"AllLayersDense", "deepseek-v3", [](json& c) { c["first_k_dense_replace"] = 61; },
+    {"AllLayersDense",
+     "deepseek-v3",
+     [](json& c) { c["first_k_dense_replace"] = 61; },
      {"no layer of the 61 is an MoE layer"}},
-    {"HugeLayerCount", "mixtral-8x7b", [](json& c) { c["num_hidden_layers"] = 1 << 30; },
+    {"HugeLayerCount",
+     "mixtral-8x7b",
+     [](json& c) { c["num_hidden_layers"] = 1 << 30; },
      {"'num_hidden_layers' = 1073741824 exceeds 65536"}},
-    {"SharedWidthOverflowsInt", "deepseek-v3", [](json& c) { c["n_shared_experts"] = 1 << 30; },
+    {"SharedWidthOverflowsInt",
+     "deepseek-v3",
+     [](json& c) { c["n_shared_experts"] = 1 << 30; },
      {"'n_shared_experts * moe_intermediate_size' must be a positive size, got 2199023255552"}},
-    {"NegativeSharedExperts", "mixtral-8x7b", [](json& c) { c["n_shared_experts"] = -1; },
+    {"NegativeSharedExperts",
+     "mixtral-8x7b",
+     [](json& c) { c["n_shared_experts"] = -1; },
      {"shared expert sizes must not be negative"}},
-    {"HashLayersBeyondLayers", "deepseek-v4-flash", [](json& c) { c["num_hash_layers"] = 100; },
+    {"HashLayersBeyondLayers",
+     "deepseek-v4-flash",
+     [](json& c) { c["num_hash_layers"] = 100; },
      {"num_hash_layers = 100 outside [0, 43]"}},
-    {"MoeLayerFreqWrongLength", "minimax-m3", [](json& c) { c["moe_layer_freq"] = {0, 1, 1}; },
+    {"MoeLayerFreqWrongLength",
+     "minimax-m3",
+     [](json& c) {
+       c["moe_layer_freq"] = {0, 1, 1};
+     },
      {"'moe_layer_freq' has 3 entries, expected num_hidden_layers = 60"}},
-    {"MlpOnlyLayersNotAList", "qwen3-30b-a3b", [](json& c) { c["mlp_only_layers"] = 3; },
+    {"MlpOnlyLayersNotAList",
+     "qwen3-30b-a3b",
+     [](json& c) { c["mlp_only_layers"] = 3; },
      {"'mlp_only_layers' must be a list"}},
-    {"ZeroSparseStep", "qwen3-30b-a3b", [](json& c) { c["decoder_sparse_step"] = 0; },
+    {"ZeroSparseStep",
+     "qwen3-30b-a3b",
+     [](json& c) { c["decoder_sparse_step"] = 0; },
      {"'decoder_sparse_step' must be >= 1, got 0"}},
 };
 
@@ -226,25 +291,55 @@ TEST_P(BadSafetensors, RefusedAtOpenNamingFile) {
 const FileCase kFileCases[] = {
     {"HeaderLengthBeyondFile", R"({})", 0, 4096, {"header length 4096 exceeds the file size 10"}},
     {"InvalidJsonHeader", R"({"w": {"dtype": "BF16",)", 16, -1, {"invalid JSON header"}},
-    {"HeaderNotAnObject", R"([1,2,3])", 0, -1, {"expected the header to be a JSON object, got array"}},
-    {"OffsetsBeyondData", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8, -1,
+    {"HeaderNotAnObject",
+     R"([1,2,3])",
+     0,
+     -1,
+     {"expected the header to be a JSON object, got array"}},
+    {"OffsetsBeyondData",
+     R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+     8,
+     -1,
      {"tensor 'w'", "data_offsets [0, 16] out of range: the data section holds 8 bytes"}},
-    {"OffsetsReversed", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 8, -1,
+    {"OffsetsReversed",
+     R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})",
+     8,
+     -1,
      {"tensor 'w'", "data_offsets begin 8 > end 4"}},
-    {"ShapeTimesDtypeMismatch", R"({"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,6]}})", 8,
-     -1, {"tensor 'w'", "shape [2, 2] of BF16 needs 8 bytes, data_offsets span 6"}},
+    {"ShapeTimesDtypeMismatch",
+     R"({"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,6]}})",
+     8,
+     -1,
+     {"tensor 'w'", "shape [2, 2] of BF16 needs 8 bytes, data_offsets span 6"}},
     {"ShapeOverflows64Bits",
-     R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8, -1,
+     R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
+     8,
+     -1,
      {"tensor 'w'", "overflows 64 bits"}},
-    {"NegativeDimension", R"({"w":{"dtype":"F32","shape":[-1,2],"data_offsets":[0,8]}})", 8, -1,
+    {"NegativeDimension",
+     R"({"w":{"dtype":"F32","shape":[-1,2],"data_offsets":[0,8]}})",
+     8,
+     -1,
      {"tensor 'w'", "expected non-negative integer dimensions"}},
-    {"ShapeNotAnArray", R"({"w":{"dtype":"F32","shape":"4","data_offsets":[0,16]}})", 16, -1,
+    {"ShapeNotAnArray",
+     R"({"w":{"dtype":"F32","shape":"4","data_offsets":[0,16]}})",
+     16,
+     -1,
      {"tensor 'w'", "expected an array 'shape'"}},
-    {"DtypeMissing", R"({"w":{"shape":[4],"data_offsets":[0,16]}})", 16, -1,
+    {"DtypeMissing",
+     R"({"w":{"shape":[4],"data_offsets":[0,16]}})",
+     16,
+     -1,
      {"tensor 'w'", "expected a string 'dtype', got none"}},
-    {"OffsetsNotPair", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0]}})", 16, -1,
+    {"OffsetsNotPair",
+     R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0]}})",
+     16,
+     -1,
      {"tensor 'w'", "expected 'data_offsets' [begin, end]"}},
-    {"MetadataValueNotString", R"({"__metadata__":{"format":3}})", 0, -1,
+    {"MetadataValueNotString",
+     R"({"__metadata__":{"format":3}})",
+     0,
+     -1,
      {"__metadata__ key 'format' must map to a string, got 3"}},
 };
 
@@ -259,8 +354,9 @@ TEST(BadSafetensorsFile, TruncatedBeforeHeaderLength) {
 }
 
 TEST(BadSafetensorsFile, UnknownDtypeListedButRefusedOnAccess) {
-  const std::string path = write_raw(scratch_dir() + "/t.safetensors",
-                                     R"({"q":{"dtype":"Q4_K","shape":[4],"data_offsets":[0,2]}})", 2);
+  const std::string path =
+      write_raw(scratch_dir() + "/t.safetensors",
+                R"({"q":{"dtype":"Q4_K","shape":[4],"data_offsets":[0,2]}})", 2);
   SafetensorsFile f(path);
   EXPECT_EQ(f.info("q").dtype_name, "Q4_K");
   expect_error([&] { f.data("q"); }, {"tensor 'q'", "has dtype Q4_K, which moekit does not read"});
@@ -292,7 +388,8 @@ void write_table(const std::string& path, const TensorTable& table) {
   json header = json::object();
   uint64_t offset = 0;
   for (const auto& [name, t] : table) {
-    header[name] = {{"dtype", t.dtype}, {"shape", t.shape},
+    header[name] = {{"dtype", t.dtype},
+                    {"shape", t.shape},
                     {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }
@@ -303,7 +400,8 @@ void write_table(const std::string& path, const TensorTable& table) {
   for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
   out << text;
   for (const auto& [name, t] : table)
-    out.write(reinterpret_cast<const char*>(t.bytes.data()), static_cast<std::streamsize>(t.bytes.size()));
+    out.write(reinterpret_cast<const char*>(t.bytes.data()),
+              static_cast<std::streamsize>(t.bytes.size()));
 }
 
 class BadCheckpoint : public ::testing::Test {
@@ -348,8 +446,8 @@ TEST_F(BadCheckpoint, RouterWrongShape) {
   RawTensor& r = t.at(name("gate.weight"));
   r.shape = {15, 64};
   r.bytes.resize(15 * 64 * 2);
-  expect_error([&] { load(t); },
-               {name("gate.weight"), "expected shape [16, 64] (router weight, E x H), got [15, 64]"});
+  expect_error([&] { load(t); }, {name("gate.weight"),
+                                  "expected shape [16, 64] (router weight, E x H), got [15, 64]"});
 }
 
 TEST_F(BadCheckpoint, RouterWrongDtype) {
@@ -357,7 +455,8 @@ TEST_F(BadCheckpoint, RouterWrongDtype) {
   RawTensor& r = t.at(name("gate.weight"));
   r.dtype = "F8_E4M3";
   r.bytes.resize(16 * 64);
-  expect_error([&] { load(t); }, {name("gate.weight"), "expected dtype BF16, F16 or F32, got F8_E4M3"});
+  expect_error([&] { load(t); },
+               {name("gate.weight"), "expected dtype BF16, F16 or F32, got F8_E4M3"});
 }
 
 TEST_F(BadCheckpoint, ExpertWrongShape) {
@@ -397,8 +496,9 @@ TEST_F(BadCheckpoint, SharedExpertWrongShape) {
   TensorTable t = table_;
   RawTensor& r = t.at(name("shared_experts.down_proj.weight"));
   r.shape = {32, 64};  // transposed: expected [H, Is] = [64, 32]
-  expect_error([&] { load(t); }, {name("shared_experts.down_proj.weight"),
-                                  "expected shape [64, 32] (shared down_proj, H x Is), got [32, 64]"});
+  expect_error([&] { load(t); },
+               {name("shared_experts.down_proj.weight"),
+                "expected shape [64, 32] (shared down_proj, H x Is), got [32, 64]"});
 }
 
 TEST_F(BadCheckpoint, OtherLayerOnly) {
@@ -408,8 +508,8 @@ TEST_F(BadCheckpoint, OtherLayerOnly) {
     renamed.replace(0, prefix_.size(), "model.layers.99.mlp.");
     t[renamed] = v;
   }
-  expect_error([&] { load(t); }, {"has no router for layer " + std::to_string(layer_),
-                                  "model.layers.99.mlp."});
+  expect_error([&] { load(t); },
+               {"has no router for layer " + std::to_string(layer_), "model.layers.99.mlp."});
 }
 
 TEST_F(BadCheckpoint, TruncatedFile) {
@@ -460,8 +560,9 @@ TEST_F(BadCheckpoint, IndexPointsToFileWithoutTheTensor) {
   for (const auto& [n, v] : table_) map[n] = "a.safetensors";
   map[name("gate.weight")] = "b.safetensors";
   std::ofstream(dir + "/model.safetensors.index.json") << json{{"weight_map", map}}.dump();
-  expect_error([&] { load_checkpoint_weights(spec_, layer_, dir); },
-               {"the index puts tensor '" + name("gate.weight") + "' in", "which does not hold it"});
+  expect_error(
+      [&] { load_checkpoint_weights(spec_, layer_, dir); },
+      {"the index puts tensor '" + name("gate.weight") + "' in", "which does not hold it"});
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -516,8 +617,9 @@ TEST_P(BadCli, ExitsNonZeroNamingTheArgument) {
   EXPECT_NE(r.status, 0) << "moekit " << args;
   EXPECT_LT(r.status, 128) << "moekit " << args << " died of a signal:\n" << r.err;
   for (const std::string& f : c.fragments)
-    EXPECT_NE(r.err.find(f), std::string::npos) << "'" << f << "' not in stderr of moekit " << args
-                                                << ":\n" << r.err;
+    EXPECT_NE(r.err.find(f), std::string::npos)
+        << "'" << f << "' not in stderr of moekit " << args << ":\n"
+        << r.err;
 }
 
 const CliCase kCliCases[] = {
@@ -526,25 +628,38 @@ const CliCase kCliCases[] = {
     {"ZeroTokens", "run --model {tiny} --tokens 0", {"--tokens must be >= 1, got 0"}},
     {"NegativeTokens", "run --model {tiny} --tokens -3", {"--tokens must be >= 1, got -3"}},
     {"TokensNotANumber", "run --model {tiny} --tokens lots", {"--tokens", "lots"}},
-    {"FuseSharedBadValue", "run --model {tiny} --fuse-shared maybe",
+    {"FuseSharedBadValue",
+     "run --model {tiny} --fuse-shared maybe",
      {"unknown fuse_shared mode 'maybe' (expected auto, on or off)"}},
-    {"FuseOnWithoutSharedExpert", "run --model mixtral-8x7b --fuse-shared on",
+    {"FuseOnWithoutSharedExpert",
+     "run --model mixtral-8x7b --fuse-shared on",
      {"--fuse-shared on: 'mixtral-8x7b' has no shared expert"}},
-    {"DenseLayer", "run --model {tiny} --layer 0", {"--layer 0 is a dense layer of", "first MoE layer is 3"}},
-    {"LayerOutOfRange", "run --model {tiny} --layer 500", {"--layer 500 is out of range", "61 layers"}},
-    {"BogusDevice", "run --model {tiny} --device bogus",
+    {"DenseLayer",
+     "run --model {tiny} --layer 0",
+     {"--layer 0 is a dense layer of", "first MoE layer is 3"}},
+    {"LayerOutOfRange",
+     "run --model {tiny} --layer 500",
+     {"--layer 500 is out of range", "61 layers"}},
+    {"BogusDevice",
+     "run --model {tiny} --device bogus",
      {"--device 'bogus' is not one of auto, cpu, cuda"}},
-    {"BogusBackend", "run --model {tiny} --device cpu --backend bogus",
+    {"BogusBackend",
+     "run --model {tiny} --device cpu --backend bogus",
      {"--backend 'bogus' is not one of fast, reference"}},
-    {"WeightsDirMissing", "run --model {tiny} --device cpu --weights /nonexistent/ckpt",
+    {"WeightsDirMissing",
+     "run --model {tiny} --device cpu --weights /nonexistent/ckpt",
      {"checkpoint path /nonexistent/ckpt does not exist"}},
-    {"BatchEmptyEntry", "bench --model {tiny} --device cpu --batch 1,,2",
+    {"BatchEmptyEntry",
+     "bench --model {tiny} --device cpu --batch 1,,2",
      {"--batch '1,,2' has an empty entry"}},
-    {"BatchZero", "bench --model {tiny} --device cpu --batch 0",
+    {"BatchZero",
+     "bench --model {tiny} --device cpu --batch 0",
      {"--batch '0': '0' must be a whole number in [1, 1048576]"}},
-    {"BatchNotANumber", "bench --model {tiny} --device cpu --batch 4,x",
+    {"BatchNotANumber",
+     "bench --model {tiny} --device cpu --batch 4,x",
      {"--batch '4,x': 'x' is not a number"}},
-    {"InspectBrokenConfig", "inspect --model /nonexistent/config.json",
+    {"InspectBrokenConfig",
+     "inspect --model /nonexistent/config.json",
      {"config file '/nonexistent/config.json' does not exist"}},
 };
 
@@ -570,7 +685,8 @@ class BadApi : public ::testing::Test {
   }
   ForwardResult forward(bool fast, const LayerWeights& w, const Bf16* x, int tokens,
                         FuseShared fuse) {
-    return fast ? cpu_fast::forward(w, x, tokens, fuse) : cpu_reference::forward(w, x, tokens, fuse);
+    return fast ? cpu_fast::forward(w, x, tokens, fuse)
+                : cpu_reference::forward(w, x, tokens, fuse);
   }
 
   MoeSpec spec_;
@@ -704,7 +820,8 @@ class HandSetRouter final : public LayerWeights {
   // Router row e := value / H in every column, so x = all ones gives logit e = value exactly
   // (value / H must be exact in bf16: 8 significant bits).
   void set_logit(int e, float value) {
-    Bf16* wg = reinterpret_cast<Bf16*>(router_weight_.data()) + static_cast<size_t>(e) * spec_.hidden;
+    Bf16* wg =
+        reinterpret_cast<Bf16*>(router_weight_.data()) + static_cast<size_t>(e) * spec_.hidden;
     const Bf16 v = float_to_bf16(value / static_cast<float>(spec_.hidden));
     EXPECT_EQ(bf16_to_float(v) * spec_.hidden, value) << "logit " << value << " not exact";
     for (int h = 0; h < spec_.hidden; ++h) wg[h] = v;
@@ -750,8 +867,8 @@ TEST(NumericalTrail, MaskedGroupKeysAreMinusInfinityNotZero) {
     for (int t = 0; t < 3; ++t) {
       for (int j = 0; j < s.top_k; ++j) {
         const int id = r.routing.ids[t * r.routing.slots + j];
-        EXPECT_TRUE(kept_groups.count(id / 2)) << "expert " << id << " of masked group " << id / 2
-                                               << " picked (fast " << fast << ")";
+        EXPECT_TRUE(kept_groups.count(id / 2))
+            << "expert " << id << " of masked group " << id / 2 << " picked (fast " << fast << ")";
       }
     }
   }
@@ -847,7 +964,8 @@ TEST(NumericalTrail, TiedKeysNeverYieldDuplicateIds) {
   // Softmax scoring, all logits tied (Qwen3): the same rule.
   const MoeSpec q = small_spec("qwen3-30b-a3b");
   std::vector<float> logits(static_cast<size_t>(3) * q.num_experts, -1.0f);
-  const Routing r = cpu_reference::route(RoutingConfig::from_spec(q, false), logits.data(), 3, nullptr);
+  const Routing r =
+      cpu_reference::route(RoutingConfig::from_spec(q, false), logits.data(), 3, nullptr);
   for (int t = 0; t < 3; ++t) {
     std::set<int> seen(r.ids.begin() + t * r.slots, r.ids.begin() + (t + 1) * r.slots);
     EXPECT_EQ(static_cast<int>(seen.size()), q.top_k);

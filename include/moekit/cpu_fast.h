@@ -25,7 +25,7 @@
 namespace moekit::cpu_fast {
 
 enum class Isa { Auto, Avx512, Avx2, Portable };
-const char* isa_name(Isa isa);      // "auto" | "avx512" | "avx2" | "portable"
+const char* isa_name(Isa isa);        // "auto" | "avx512" | "avx2" | "portable"
 Isa parse_isa(const std::string& s);  // throws naming the value and the allowed spellings
 // Whether this CPU (and OS) can run the code of `isa`; Auto and Portable are always supported.
 bool isa_supported(Isa isa);
@@ -36,8 +36,8 @@ bool cpu_has_avx512_bf16();
 Isa resolve_isa(Isa requested);
 
 struct FastOptions {
-  int threads = 0;        // 0 = every core (std::thread::hardware_concurrency)
-  Isa isa = Isa::Auto;    // force a SIMD path (tests); Auto = detect (or $MOEKIT_CPU_ISA)
+  int threads = 0;      // 0 = every core (std::thread::hardware_concurrency)
+  Isa isa = Isa::Auto;  // force a SIMD path (tests); Auto = detect (or $MOEKIT_CPU_ISA)
   // AVX-512 only: compute the first GEMM with vdpbf16ps when the CPU has AVX512-BF16 (products of
   // two bf16 values are exact in fp32, so this only changes the summation order).
   bool use_bf16_dot = true;

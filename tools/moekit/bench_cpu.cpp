@@ -100,10 +100,11 @@ double layer_bytes(const MoeSpec& spec, const ForwardResult& r) {
 }
 
 struct Timing {
-  double us = 0;          // median per forward
-  double gb_per_s = 0;    // median of per-iteration bytes / time
-  double read_bw = 0;     // median of the interleaved probe passes, bytes/s (0 = none)
+  double us = 0;        // median per forward
+  double gb_per_s = 0;  // median of per-iteration bytes / time
+  double read_bw = 0;   // median of the interleaved probe passes, bytes/s (0 = none)
   int iterations = 0;
+  double experts = 0;  // mean distinct experts (and fused slots) touched per forward
 };
 
 // Times fn(input index) over the inputs in rotation. With a probe, rounds alternate one probe
@@ -118,6 +119,7 @@ Timing time_forward(const MoeSpec& spec, int inputs, int iterations, bool warmup
     for (int i = 0; i < inputs; ++i) fn(i);
   }
   std::vector<double> us, bw, probe_bw;
+  double experts = 0;
   auto done = [&](double elapsed) {
     const int it = static_cast<int>(us.size());
     if (iterations > 0) return it >= iterations;
@@ -142,9 +144,12 @@ Timing time_forward(const MoeSpec& spec, int inputs, int iterations, bool warmup
       const double s = seconds_since(t0);
       us.push_back(s * 1e6);
       bw.push_back(layer_bytes(spec, r) / s / 1e9);
+      experts +=
+          static_cast<double>(std::set<int32_t>(r.routing.ids.begin(), r.routing.ids.end()).size());
     } while (seconds_since(r0) < round_budget && !done(seconds_since(start)));
   }
-  Timing t{median(us), median(bw), 0, static_cast<int>(us.size())};
+  Timing t{median(us), median(bw), 0, static_cast<int>(us.size()),
+           experts / static_cast<double>(us.size())};
   if (!probe_bw.empty()) t.read_bw = median(probe_bw);
   return t;
 }
@@ -198,10 +203,11 @@ int run_bench_cpu(const BenchOptions& opt) {
   nlohmann::json records = nlohmann::json::array();
   char line[256];
   if (!opt.json) {
-    std::printf("%s layer %d (%d MoE layers), %s, %s, %d threads; read bandwidth at start %.1f "
-                "GB/s\n",
-                spec.name.c_str(), layer, moe_layers, cpu.c_str(), cpu_fast::isa_name(isa),
-                threads, bw_start / 1e9);
+    std::printf(
+        "%s layer %d (%d MoE layers), %s, %s, %d threads; read bandwidth at start %.1f "
+        "GB/s\n",
+        spec.name.c_str(), layer, moe_layers, cpu.c_str(), cpu_fast::isa_name(isa), threads,
+        bw_start / 1e9);
     std::printf("%-6s %-5s %-9s %7s %11s %10s %8s %8s %7s %7s\n", "batch", "fuse", "backend",
                 "threads", "us/layer", "tokens/s", "GB/s", "read bw", "of bw", "x ref");
   }
@@ -212,9 +218,8 @@ int run_bench_cpu(const BenchOptions& opt) {
       const double need =
           static_cast<double>(host_bytes_needed(spec, tokens, spec.can_fuse_shared()));
       if (need > 0.8 * static_cast<double>(mem_available_bytes())) {
-        log << "skipping batch " << tokens << ": its experts need " << human_bytes(need)
-            << ", " << human_bytes(static_cast<double>(mem_available_bytes()))
-            << " available\n";
+        log << "skipping batch " << tokens << ": its experts need " << human_bytes(need) << ", "
+            << human_bytes(static_cast<double>(mem_available_bytes())) << " available\n";
         continue;
       }
     }
@@ -243,11 +248,11 @@ int run_bench_cpu(const BenchOptions& opt) {
       }
 
       // Reference: timed when one call is affordable (it is the baseline of the speed-up).
-      const double macs = static_cast<double>(tokens) *
-                              (spec.top_k + (spec.shared_kind != SharedKind::None
-                                                 ? std::max(1, spec.shared_slots())
-                                                 : 0)) *
-                              3.0 * spec.expert_intermediate * spec.hidden;
+      const double macs =
+          static_cast<double>(tokens) *
+          (spec.top_k +
+           (spec.shared_kind != SharedKind::None ? std::max(1, spec.shared_slots()) : 0)) *
+          3.0 * spec.expert_intermediate * spec.hidden;
       const bool run_ref = !fast || macs / kReferenceMacsPerSecond <= kReferenceBudgetSeconds;
       Timing ref;
       if (run_ref) {
@@ -265,8 +270,8 @@ int run_bench_cpu(const BenchOptions& opt) {
 
       if (!fast) {
         // the reference is compute-bound; its fraction uses a probe measured right after it
-        rows.push_back({"reference", threads, ref, cpu_fast::measure_read_bandwidth(
-                                                       kProbeBytes, threads, 3)});
+        rows.push_back(
+            {"reference", threads, ref, cpu_fast::measure_read_bandwidth(kProbeBytes, threads, 3)});
       }
 
       for (const Row& row : rows) {
@@ -287,6 +292,7 @@ int run_bench_cpu(const BenchOptions& opt) {
                               {"bw_fraction", frac},
                               {"threads", row.threads},
                               {"iterations", row.t.iterations},
+                              {"experts_touched", row.t.experts},
                               {"distinct_inputs", inputs},
                               {"cpu", cpu},
                               {"date", date}};
@@ -300,8 +306,8 @@ int run_bench_cpu(const BenchOptions& opt) {
         records.push_back(rec);
         if (!opt.json) {
           std::snprintf(line, sizeof line, "%-6d %-5s %-9s %7d %11.1f %10.2f %8.2f %8.2f %6.0f%% ",
-                        tokens, fuse_shared_name(fuse), row.backend.c_str(), row.threads,
-                        row.t.us, tps, row.t.gb_per_s, row.bw / 1e9, 100.0 * frac);
+                        tokens, fuse_shared_name(fuse), row.backend.c_str(), row.threads, row.t.us,
+                        tps, row.t.gb_per_s, row.bw / 1e9, 100.0 * frac);
           std::printf("%s", line);
           if (run_ref) {
             std::printf("%7.1f\n", speedup);

@@ -1,4 +1,5 @@
-// `moekit tune --model M [--model M2 ...] [--batch 1-128] [--out FILE] [--format json|inc]`: measures
+// `moekit tune --model M [--model M2 ...] [--batch 1-128] [--out FILE] [--format json|inc]
+// [--inc tuning/sm90.inc]`: measures
 // every legal router GEMM candidate (tuning::router_gemm_candidates, the generator the heuristic
 // rows are drawn from) for the gate shapes of the given models' MoE layers on the present GPU, and
 // writes the table: JSON for --tuning-file / MOEKIT_TUNING_FILE, or .inc lines for tuning/<arch>.inc.
@@ -75,6 +76,7 @@ struct TuneOptions {
   std::string m_list = "1-128";
   std::string out;
   std::string format = "json";
+  std::string inc_out;  // also write the rows as tuning/<arch>.inc lines here
   uint64_t seed = 0;
 };
 
@@ -210,6 +212,23 @@ int run_tune(const TuneOptions& o) {
   }
   bar.finish();
 
+  auto inc_text = [&] {
+    std::ostringstream os;
+    os << "// " << tuning::arch_name(dev.arch) << " router GEMM table, written by `moekit tune` on "
+       << dev.name << ", " << now_utc_iso() << ", for the models:\n//";
+    for (const std::string& m : o.models) os << " " << m;
+    os << "\n// Shapes and M not listed fall through to tuning/generic.inc. Every row is checked at "
+          "build\n// time (src/tuning/router_gemm_tables.cpp).\n//\n"
+       << tuning::tuning_inc(rows);
+    return os.str();
+  };
+  if (!o.inc_out.empty()) {
+    std::ofstream f(o.inc_out);
+    MK_CHECK(f.good(), "tune: cannot write '" << o.inc_out << "'");
+    f << inc_text();
+    MK_CHECK(f.good(), "tune: failed writing '" << o.inc_out << "'");
+    std::fprintf(stderr, "moekit tune: wrote %zu rows to %s\n", rows.size(), o.inc_out.c_str());
+  }
   std::string text;
   if (o.format == "json") {
     std::ostringstream cmd;
@@ -224,12 +243,7 @@ int run_tune(const TuneOptions& o) {
                           {"rejected", rejected}};
     text = doc.dump(1) + "\n";
   } else {
-    std::ostringstream os;
-    os << "// moekit tune on " << dev.name << " (" << tuning::arch_name(dev.arch) << "), "
-       << now_utc_iso() << ", models:";
-    for (const std::string& m : o.models) os << " " << m;
-    os << "\n" << tuning::tuning_inc(rows);
-    text = os.str();
+    text = inc_text();
   }
   if (o.out.empty()) {
     std::fputs(text.c_str(), stdout);
@@ -260,6 +274,7 @@ void add_tune_command(CLI::App& app) {
   cmd->add_option("--out,-o", o->out, "Output file (default stdout)");
   cmd->add_option("--format", o->format, "json (tuning file) | inc (tuning/<arch>.inc lines)")
       ->capture_default_str();
+  cmd->add_option("--inc", o->inc_out, "Also write the rows as .inc lines (tuning/<arch>.inc)");
   cmd->add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
   cmd->callback([o] {
     const int status = run_tune(*o);

@@ -192,10 +192,10 @@ struct Job {
   const float* b_gate = nullptr;
   const float* b_up = nullptr;
   const float* b_down = nullptr;
-  int expert = -1;      // routed expert or fused slot id; -1 = the unfused shared MLP
-  int count = 0;        // tokens routed to it
-  size_t first = 0;     // index of its first token in the flat token/weight/pointer arrays
-  size_t act = 0;       // offset of its [count, inter] gate/activation block; up follows it
+  int expert = -1;   // routed expert or fused slot id; -1 = the unfused shared MLP
+  int count = 0;     // tokens routed to it
+  size_t first = 0;  // index of its first token in the flat token/weight/pointer arrays
+  size_t act = 0;    // offset of its [count, inter] gate/activation block; up follows it
 };
 
 // Points a routed expert's (or fused slot's) job at its weights, materialising them on first use
@@ -302,8 +302,7 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
       const int c0 = slice_begin(C, p, parts), c1 = slice_begin(C, p + 1, parts);
       if (c0 == c1) return;
       const void* wrows = static_cast<const uint8_t*>(w.router_weight()) + c0 * row_bytes;
-      kern.router_dot(wrows, w_f32, H, c1 - c0, H, xd_rows.data(), tokens, logits_d.data() + c0,
-                      C);
+      kern.router_dot(wrows, w_f32, H, c1 - c0, H, xd_rows.data(), tokens, logits_d.data() + c0, C);
     });
   }
   std::vector<float> logits(logits_d.size());
@@ -324,8 +323,8 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
   const int rows = spec.weight_rows(fused);  // E + S: the fused slots are experts too
   std::vector<int> count(rows, 0);
   for (int32_t id : r.ids) {
-    MK_CHECK(id >= 0 && id < rows, "routing picked expert " << id << ", expected [0, " << rows
-                                                            << ")");
+    MK_CHECK(id >= 0 && id < rows,
+             "routing picked expert " << id << ", expected [0, " << rows << ")");
     ++count[id];
   }
   std::vector<int> used;
@@ -377,8 +376,8 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
   if (add_shared) {
     const int Is = spec.shared_intermediate;
     MK_CHECK(Is > 0 && w.shared_w13() != nullptr && w.shared_w2() != nullptr,
-             "shared expert weights of " << spec.name << " are missing (shared_intermediate "
-                                         << Is << ")");
+             "shared expert weights of " << spec.name << " are missing (shared_intermediate " << Is
+                                         << ")");
     Job& sj = jobs.back();
     sj.gate = w.shared_w13();
     sj.up = w.shared_w13() + static_cast<size_t>(Is) * H;
@@ -410,12 +409,12 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
     }
   }
   const ActivationFn activate{spec.activation, spec.swiglu_limit, spec.swiglu_alpha,
-                            spec.swiglu_beta};
+                              spec.swiglu_beta};
 
   // ---- gate/up GEMM + activation, in units of intermediate columns of one job
-  const std::vector<Unit> up_units =
-      make_units(jobs, [&](const Job& j) { return j.inter; },
-                 [&](const Job&) { return 4 * static_cast<size_t>(H); });  // gate + up row, bf16
+  const std::vector<Unit> up_units = make_units(
+      jobs, [&](const Job& j) { return j.inter; },
+      [&](const Job&) { return 4 * static_cast<size_t>(H); });  // gate + up row, bf16
   run_units(threads, up_units.size(), [&](size_t ui) {
     const Unit& unit = up_units[ui];
     Job job = jobs[unit.job];
@@ -452,15 +451,15 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
 
   // ---- down GEMM, in units of output rows of one job: down[pair, H] = W2 a (no bias yet)
   float* down = scratch(down_buffer, pairs * static_cast<size_t>(H));
-  const std::vector<Unit> down_units =
-      make_units(jobs, [&](const Job&) { return H; },
-                 [&](const Job& j) { return 2 * static_cast<size_t>(j.inter); });
+  const std::vector<Unit> down_units = make_units(
+      jobs, [&](const Job&) { return H; },
+      [&](const Job& j) { return 2 * static_cast<size_t>(j.inter); });
   run_units(threads, down_units.size(), [&](size_t ui) {
     const Unit& unit = down_units[ui];
     const Job& job = jobs[unit.job];
-    kern.dot_rows_f32(job.down + static_cast<size_t>(unit.begin) * job.down_stride,
-                      job.down_stride, unit.end - unit.begin, job.inter, &act_ptr[job.first],
-                      job.count, down + job.first * H + unit.begin, H);
+    kern.dot_rows_f32(job.down + static_cast<size_t>(unit.begin) * job.down_stride, job.down_stride,
+                      unit.end - unit.begin, job.inter, &act_ptr[job.first], job.count,
+                      down + job.first * H + unit.begin, H);
   });
 
   // ---- weighted combine, in column blocks of y: every y element sums the jobs in job order,
@@ -496,7 +495,8 @@ namespace {
 constexpr size_t kProbeChunk = (size_t{4} << 20) / sizeof(float);
 }  // namespace
 
-ReadProbe::ReadProbe(size_t bytes, Isa isa) : count_(bytes / sizeof(float)), isa_(resolve_isa(isa)) {
+ReadProbe::ReadProbe(size_t bytes, Isa isa)
+    : count_(bytes / sizeof(float)), isa_(resolve_isa(isa)) {
   MK_CHECK(bytes >= 1024, "expected a probe buffer of >= 1 KiB, got " << bytes << " bytes");
   // Not std::vector<float>(count): its zero-fill would first-touch every page on this thread.
   data_ = new float[count_];

@@ -30,8 +30,8 @@ struct Kernels {
 
   // Router GEMM, double accumulation like the reference: out[j * ldo + r] = sum_c w[r][c] * x[j][c]
   // with w bf16 (w_f32 false) or fp32 rows of stride ldw elements, x as doubles.
-  void (*router_dot)(const void* w, bool w_f32, size_t ldw, int rows, int k,
-                     const double* const* x, int n, double* out, size_t ldo) = nullptr;
+  void (*router_dot)(const void* w, bool w_f32, size_t ldw, int rows, int k, const double* const* x,
+                     int n, double* out, size_t ldo) = nullptr;
 
   // Sum of count floats (the read-bandwidth probe; the result only defeats dead-code removal).
   float (*read_sum)(const float* p, size_t count) = nullptr;

@@ -69,19 +69,67 @@ void dot_row_f32(const Bf16* w, int k, const float* const* x, float* out, size_t
   }
 }
 
-// Rows one at a time in address order (one sequential stream for the prefetchers), tokens in
-// blocks of up to 4 (8 accumulators + 2 weight vectors + 1 activation fit the 16 ymm registers).
+// 4 rows x J <= 2 tokens (8 accumulators + 4 weight vectors + 1 activation of the 16 ymm
+// registers): each activation load serves 4 rows, for experts with 3+ tokens (compute-bound).
+template <int J>
+void dot_tile4_f32(const Bf16* w, size_t ldw, int k, const float* const* x, float* out,
+                   size_t ldo) {
+  constexpr int R = 4;
+  __m256 acc[R][J];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) acc[r][j] = _mm256_setzero_ps();
+  const int k_main = k & ~7;
+  for (int c = 0; c < k_main; c += 8) {
+    if ((c & 31) == 0) {
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + c) + 4096, _MM_HINT_T1);
+    }
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_bf16x8(w + r * ldw + c);
+    for (int j = 0; j < J; ++j) {
+      const __m256 xv = _mm256_loadu_ps(x[j] + c);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(wv[r], xv, acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < J; ++j) {
+      float s = hsum(acc[r][j]);
+      for (int c = k_main; c < k; ++c) s += bf16_scalar(w[r * ldw + c]) * x[j][c];
+      out[j * ldo + r] = s;
+    }
+  }
+}
+
+// Up to 2 tokens: rows one at a time in address order (one sequential stream for the
+// prefetchers), two accumulators per token. 3+ tokens: 4-row tiles. The choice depends only on
+// the token count and the shapes, never on the thread count.
 void dot_rows_f32(const Bf16* w, size_t ldw, int rows, int k, const float* const* x, int n,
                   float* out, size_t ldo) {
-  for (int r = 0; r < rows; ++r) {
+  int r0 = 0;
+  if (n >= 3) {
+    for (; r0 + 4 <= rows; r0 += 4) {
+      const Bf16* wr = w + r0 * ldw;
+      int j = 0;
+      for (; j + 2 <= n; j += 2) dot_tile4_f32<2>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+      if (j < n) dot_tile4_f32<1>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+    }
+  }
+  for (int r = r0; r < rows; ++r) {
     const Bf16* wr = w + r * ldw;
     int j = 0;
     for (; j + 4 <= n; j += 4) dot_row_f32<4>(wr, k, x + j, out + j * ldo + r, ldo);
     switch (n - j) {
-      case 3: dot_row_f32<3>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 2: dot_row_f32<2>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 1: dot_row_f32<1>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      default: break;
+      case 3:
+        dot_row_f32<3>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 2:
+        dot_row_f32<2>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 1:
+        dot_row_f32<1>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -99,13 +147,13 @@ double router_row(const void* wp, int k, const double* x) {
       wf = load_bf16x8(static_cast<const Bf16*>(wp) + c);
     }
     a0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(wf)), _mm256_loadu_pd(x + c), a0);
-    a1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(wf, 1)),
-                         _mm256_loadu_pd(x + c + 4), a1);
+    a1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(wf, 1)), _mm256_loadu_pd(x + c + 4),
+                         a1);
   }
   double s = hsum_pd(_mm256_add_pd(a0, a1));
   for (int c = k_main; c < k; ++c) {
-    const double wv = kF32 ? static_cast<const float*>(wp)[c]
-                           : bf16_scalar(static_cast<const Bf16*>(wp)[c]);
+    const double wv =
+        kF32 ? static_cast<const float*>(wp)[c] : bf16_scalar(static_cast<const Bf16*>(wp)[c]);
     s += wv * x[c];
   }
   return s;
@@ -115,9 +163,8 @@ void router_dot(const void* w, bool w_f32, size_t ldw, int rows, int k, const do
                 int n, double* out, size_t ldo) {
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < n; ++j) {
-      out[j * ldo + r] =
-          w_f32 ? router_row<true>(static_cast<const float*>(w) + r * ldw, k, x[j])
-                : router_row<false>(static_cast<const Bf16*>(w) + r * ldw, k, x[j]);
+      out[j * ldo + r] = w_f32 ? router_row<true>(static_cast<const float*>(w) + r * ldw, k, x[j])
+                               : router_row<false>(static_cast<const Bf16*>(w) + r * ldw, k, x[j]);
     }
   }
 }

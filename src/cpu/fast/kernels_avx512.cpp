@@ -10,9 +10,10 @@
 //   instructions of the gate/up projection, which matters once several tokens share an expert.
 //   (vdpbf16ps treats bf16 denormals as zero; weights and activations of any model are >> 1e-38.)
 // Up to 2 tokens per expert (decode): one row at a time (sequential streaming), two accumulators
-// per token. 3+ tokens: tiles of 4 rows x 4 tokens, so each loaded activation serves 4 rows.
+// per token. 3+ tokens: tiles of 4 rows x 4-6 tokens, so each loaded activation serves 4 rows.
 // Tails use masked loads (zeros contribute nothing). The kernel chosen depends only on the
 // token count and the shapes, never on the thread count.
+
 // why: GCC 12's avx512fintrin.h seeds reductions and casts with _mm512_undefined_*(), which
 // -Wall reports as uninitialised at every inlined use (a known false positive, GCC PR105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -66,13 +67,14 @@ void dot_row_f32(const Bf16* w, int k, const float* const* x, float* out, size_t
     const int left = k - c < 16 ? k - c : 16;
     const __mmask16 m = static_cast<__mmask16>((1u << left) - 1);
     const __m512 wv = load_bf16x16_masked(w + c, m);
-    for (int j = 0; j < J; ++j) a0[j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x[j] + c), a0[j]);
+    for (int j = 0; j < J; ++j)
+      a0[j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x[j] + c), a0[j]);
   }
   for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
 }
 
-// 4 rows x J tokens, one accumulator each (16 in all): each activation vector loaded serves 4
-// rows. For 3+ tokens per expert the kernel is bound by the activation loads, not by memory, and
+// 4 rows x J <= 6 tokens, one accumulator each (<= 24 of the 32 zmm registers): each activation
+// vector loaded serves 4 rows. For 3+ tokens per expert the kernel is bound by the activation loads, not by memory, and
 // this tile measured 2.3x the one-row kernel at 6 tokens (Zen 4 dev machine).
 template <int J>
 void dot_tile4_f32(const Bf16* w, size_t ldw, int k, const float* const* x, float* out,
@@ -81,18 +83,24 @@ void dot_tile4_f32(const Bf16* w, size_t ldw, int k, const float* const* x, floa
   __m512 acc[R][J];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) acc[r][j] = _mm512_setzero_ps();
-  for (int c = 0; c < k; c += 16) {
-    const int left = k - c;
-    const __mmask16 m = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
-    if ((c & 31) == 0) {
-      for (int r = 0; r < R; ++r) prefetch_ahead(w + r * ldw + c);
-    }
+  // one step of 16 elements; the mask is all-ones except in the tail
+  auto step = [&](int c, __mmask16 m) {
     __m512 wv[R];
     for (int r = 0; r < R; ++r) wv[r] = load_bf16x16_masked(w + r * ldw + c, m);
     for (int j = 0; j < J; ++j) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x[j] + c);
       for (int r = 0; r < R; ++r) acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]);
     }
+  };
+  const int k_main = k & ~31;
+  for (int c = 0; c < k_main; c += 32) {
+    for (int r = 0; r < R; ++r) prefetch_ahead(w + r * ldw + c);  // one 64-byte line per row
+    step(c, 0xffff);
+    step(c + 16, 0xffff);
+  }
+  for (int c = k_main; c < k; c += 16) {
+    const int left = k - c < 16 ? k - c : 16;
+    step(c, static_cast<__mmask16>((1u << left) - 1));
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) out[j * ldo + r] = _mm512_reduce_add_ps(acc[r][j]);
@@ -110,8 +118,12 @@ void dot_rows_f32(const Bf16* w, size_t ldw, int rows, int k, const float* const
     for (; r0 + 4 <= rows; r0 += 4) {
       const Bf16* wr = w + r0 * ldw;
       int j = 0;
-      for (; j + 4 <= n; j += 4) dot_tile4_f32<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+      // blocks of 4 tokens, the last block 1-6 (a 5- or 6-token tile beats 4 + 1 or 4 + 2)
+      for (; n - j > 6; j += 4) dot_tile4_f32<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
       switch (n - j) {
+        case 6: dot_tile4_f32<6>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
+        case 5: dot_tile4_f32<5>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
+        case 4: dot_tile4_f32<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
         case 3: dot_tile4_f32<3>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
         case 2: dot_tile4_f32<2>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
         case 1: dot_tile4_f32<1>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
@@ -124,14 +136,29 @@ void dot_rows_f32(const Bf16* w, size_t ldw, int rows, int k, const float* const
     int j = 0;
     for (; j + 8 <= n; j += 8) dot_row_f32<8>(wr, k, x + j, out + j * ldo + r, ldo);
     switch (n - j) {
-      case 7: dot_row_f32<7>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 6: dot_row_f32<6>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 5: dot_row_f32<5>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 4: dot_row_f32<4>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 3: dot_row_f32<3>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 2: dot_row_f32<2>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 1: dot_row_f32<1>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      default: break;
+      case 7:
+        dot_row_f32<7>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 6:
+        dot_row_f32<6>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 5:
+        dot_row_f32<5>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 4:
+        dot_row_f32<4>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 3:
+        dot_row_f32<3>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 2:
+        dot_row_f32<2>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 1:
+        dot_row_f32<1>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -172,17 +199,21 @@ void dot_tile4_bf16(const Bf16* w, size_t ldw, int k, const Bf16* const* x, floa
   __m512 acc[R][J];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) acc[r][j] = _mm512_setzero_ps();
-  for (int c = 0; c < k; c += 32) {
-    const int left = k - c;
-    const __mmask32 m = left >= 32 ? 0xffffffffu : static_cast<__mmask32>((1ull << left) - 1);
-    for (int r = 0; r < R; ++r) prefetch_ahead(w + r * ldw + c);
+  // one step of 32 elements (one 64-byte line per row); the mask is all-ones except in the tail
+  auto step = [&](int c, __mmask32 m) {
     __m512bh wv[R];
     for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * ldw + c);
     for (int j = 0; j < J; ++j) {
       const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x[j] + c);
       for (int r = 0; r < R; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv[r], xv);
     }
+  };
+  const int k_main = k & ~31;
+  for (int c = 0; c < k_main; c += 32) {
+    for (int r = 0; r < R; ++r) prefetch_ahead(w + r * ldw + c);
+    step(c, 0xffffffffu);
   }
+  if (k_main < k) step(k_main, static_cast<__mmask32>((1ull << (k - k_main)) - 1));
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) out[j * ldo + r] = _mm512_reduce_add_ps(acc[r][j]);
 }
@@ -195,8 +226,12 @@ void dot_rows_bf16(const Bf16* w, size_t ldw, int rows, int k, const Bf16* const
     for (; r0 + 4 <= rows; r0 += 4) {
       const Bf16* wr = w + r0 * ldw;
       int j = 0;
-      for (; j + 4 <= n; j += 4) dot_tile4_bf16<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+      // blocks of 4 tokens, the last block 1-6 (a 5- or 6-token tile beats 4 + 1 or 4 + 2)
+      for (; n - j > 6; j += 4) dot_tile4_bf16<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
       switch (n - j) {
+        case 6: dot_tile4_bf16<6>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
+        case 5: dot_tile4_bf16<5>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
+        case 4: dot_tile4_bf16<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
         case 3: dot_tile4_bf16<3>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
         case 2: dot_tile4_bf16<2>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
         case 1: dot_tile4_bf16<1>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
@@ -209,14 +244,29 @@ void dot_rows_bf16(const Bf16* w, size_t ldw, int rows, int k, const Bf16* const
     int j = 0;
     for (; j + 8 <= n; j += 8) dot_row_bf16<8>(wr, k, x + j, out + j * ldo + r, ldo);
     switch (n - j) {
-      case 7: dot_row_bf16<7>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 6: dot_row_bf16<6>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 5: dot_row_bf16<5>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 4: dot_row_bf16<4>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 3: dot_row_bf16<3>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 2: dot_row_bf16<2>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      case 1: dot_row_bf16<1>(wr, k, x + j, out + j * ldo + r, ldo); break;
-      default: break;
+      case 7:
+        dot_row_bf16<7>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 6:
+        dot_row_bf16<6>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 5:
+        dot_row_bf16<5>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 4:
+        dot_row_bf16<4>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 3:
+        dot_row_bf16<3>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 2:
+        dot_row_bf16<2>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 1:
+        dot_row_bf16<1>(wr, k, x + j, out + j * ldo + r, ldo);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -235,9 +285,9 @@ double router_row(const void* wp, int k, const double* x) {
       wf = load_bf16x16(static_cast<const Bf16*>(wp) + c);
     }
     a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(wf)), _mm512_loadu_pd(x + c), a0);
-    a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(
-                             _mm512_castps_pd(wf), 1))),
-                         _mm512_loadu_pd(x + c + 8), a1);
+    a1 = _mm512_fmadd_pd(
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wf), 1))),
+        _mm512_loadu_pd(x + c + 8), a1);
   }
   if (k_main < k) {
     const __mmask16 m = static_cast<__mmask16>((1u << (k - k_main)) - 1);
@@ -250,9 +300,9 @@ double router_row(const void* wp, int k, const double* x) {
     const __mmask8 m0 = static_cast<__mmask8>(m & 0xff), m1 = static_cast<__mmask8>(m >> 8);
     a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(wf)),
                          _mm512_maskz_loadu_pd(m0, x + k_main), a0);
-    a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(
-                             _mm512_castps_pd(wf), 1))),
-                         _mm512_maskz_loadu_pd(m1, x + k_main + 8), a1);
+    a1 = _mm512_fmadd_pd(
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wf), 1))),
+        _mm512_maskz_loadu_pd(m1, x + k_main + 8), a1);
   }
   return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
 }
@@ -261,9 +311,8 @@ void router_dot(const void* w, bool w_f32, size_t ldw, int rows, int k, const do
                 int n, double* out, size_t ldo) {
   for (int r = 0; r < rows; ++r) {
     for (int j = 0; j < n; ++j) {
-      out[j * ldo + r] =
-          w_f32 ? router_row<true>(static_cast<const float*>(w) + r * ldw, k, x[j])
-                : router_row<false>(static_cast<const Bf16*>(w) + r * ldw, k, x[j]);
+      out[j * ldo + r] = w_f32 ? router_row<true>(static_cast<const float*>(w) + r * ldw, k, x[j])
+                               : router_row<false>(static_cast<const Bf16*>(w) + r * ldw, k, x[j]);
     }
   }
 }

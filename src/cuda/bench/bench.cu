@@ -174,7 +174,7 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
   sets.push_back(GpuMoeLayer::create_random(spec, spec.moe_layers[0], opt.seed, lo));
   const size_t per_set = sets[0]->weight_bytes() + sets[0]->workspace_bytes();
   MK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t reserve = size_t{2} << 30;
+  const size_t reserve = size_t{4} << 30;  // left for graphs and the router GEMM's workspaces
   int want = moe_layers;
   if (opt.max_layer_sets > 0) want = std::min(want, opt.max_layer_sets);
   while (static_cast<int>(sets.size()) < want && free_b > per_set + reserve) {

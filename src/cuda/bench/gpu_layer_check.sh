@@ -23,8 +23,11 @@ fi
 # SASS: 16-byte loads, tensor-core mma, no local memory in the expert kernels
 if command -v cuobjdump > /dev/null; then
   cuobjdump -sass "$BUILD/libmoekit.a" > "$OUT/sass.txt" 2>&1
-  awk '/Function :/ {f=$3} /LDG.E.128|HMMA|LDL|STL/ {for (i=1;i<=NF;i++) if ($i ~ /^(LDG.E.128|HMMA|LDL|STL)/) {split($i,a,"."); k=(a[1]=="LDG")?"LDG.E.128":a[1]; c[f" "k]++}} END {for (x in c) print c[x], x}' \
-    "$OUT/sass.txt" | grep -E "experts_kernel|routing_kernel|read_kernel" | sort -k2 > "$OUT/sass_counts.txt"
+  awk '/Function :/ {f=$3} {for (i=1;i<=NF;i++) { op=$i; k="";
+         if (op ~ /^(LDGSTS|HMMA|LDL|STL)/) { split(op,a,"."); k=a[1] }
+         else if (op ~ /^LDG/) k = (op ~ /128/) ? "LDG.128" : "LDG.narrow";
+         if (k != "") c[f" "k]++ }} END {for (x in c) print c[x], x}' \
+    "$OUT/sass.txt" | grep -E "experts_|routing_kernel|read_kernel" | sort -k2 > "$OUT/sass_counts.txt"
   log "SASS counts (count function op):"; cat "$OUT/sass_counts.txt" | tee -a "$OUT/summary.txt"
 fi
 
@@ -43,6 +46,10 @@ if [ "${1:-}" != "quick" ]; then
   MOEKIT_EXPERTS_CHUNK=16 "$T" --gtest_filter='AllFamilies/*T7:AllFamilies/*T128:GpuLayer.ForwardIsDeterministic' \
     > "$OUT/test_chunk16.log" 2>&1 || status=1
   tail -2 "$OUT/test_chunk16.log" | tee -a "$OUT/summary.txt"
+  log "without programmatic dependent launch (MOEKIT_PDL=0)"
+  MOEKIT_PDL=0 "$T" --gtest_filter='AllFamilies/*T7:AllFamilies/*T128:GpuLayer.*' \
+    > "$OUT/test_nopdl.log" 2>&1 || status=1
+  tail -2 "$OUT/test_nopdl.log" | tee -a "$OUT/summary.txt"
   if command -v compute-sanitizer > /dev/null; then
     small='AllFamilies/*deepseek_v3_T7:AllFamilies/*qwen2_57b_a14b_T32:AllFamilies/*gpt_oss_120b_T2:GpuLayer.GraphReplayMatchesForward'
     log "compute-sanitizer memcheck"
@@ -63,7 +70,11 @@ log "benchmarks"
   > "$OUT/bench_deepseek-v3.json" 2> "$OUT/bench_deepseek-v3.err" || status=1
 "$B" bench --device cuda --model qwen3-30b-a3b --batch 1,32,128 --json \
   > "$OUT/bench_qwen3-30b-a3b.json" 2> "$OUT/bench_qwen3-30b-a3b.err" || status=1
+MOEKIT_EXPERTS_KERNEL=ring "$B" bench --device cuda --model deepseek-v3 --batch 1,2,8,32,128 --json \
+  > "$OUT/bench_deepseek-v3_ring.json" 2> "$OUT/bench_deepseek-v3_ring.err" || status=1
 if [ "${1:-}" != "quick" ]; then
+  MOEKIT_PDL=0 "$B" bench --device cuda --model deepseek-v3 --batch 1,32 --json \
+    > "$OUT/bench_deepseek-v3_nopdl.json" 2> "$OUT/bench_deepseek-v3_nopdl.err" || status=1
   MOEKIT_EXPERTS_CHUNK=16 "$B" bench --device cuda --model deepseek-v3 --batch 32,128 --json \
     > "$OUT/bench_deepseek-v3_chunk16.json" 2> "$OUT/bench_deepseek-v3_chunk16.err" || status=1
 fi

@@ -11,6 +11,8 @@
 // so every warp knows its next item without a barrier) and through the per-item barrier and
 // epilogue, so a warp never waits on memory it could have requested earlier.
 //
+// PDL: the down kernel copies its first kStages - 1 weight blocks before griddepcontrol.wait, so
+// it streams W2 while the gate/up kernel drains.
 // Work split: warp w takes k blocks w, w+8, w+16, ... of every item (the same count for every
 // item of a launch); a warp with no block of an item still joins its barrier.
 // Ring: [warp][stage][chunk 0..5][lane] uint4 (consecutive lanes, consecutive 16 bytes: no bank
@@ -60,14 +62,19 @@ __global__ void __launch_bounds__(kThreads, 2) experts_ring_kernel(const Experts
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  pdl_wait();  // PDL (pdl.cuh): resident early, nothing read before the previous kernel is done
+  // PDL (pdl.cuh): gate/up waits here (the dispatch is the kernel just before); down reads the
+  // dispatch (two launches back) and copies its first weight blocks before waiting for h
+  if constexpr (kGateUp) pdl_wait();
   const int num_tasks = *p.num_tasks;
   const int tiles = p.rows / kTileRows;
   const int total = num_tasks * tiles;
   const int nkb = p.k / kBlockK;
   const int my_blocks = warp < nkb ? (nkb - warp + kWarps - 1) / kWarps : 0;
   const int stride = gridDim.x;
-  if (static_cast<int>(blockIdx.x) >= total) return;
+  if (static_cast<int>(blockIdx.x) >= total) {
+    pdl_wait();
+    return;
+  }
 
   uint4* my_ring = ring_smem + warp * kStages * kRingChunks * 32;
   const uint32_t ring_base = static_cast<uint32_t>(__cvta_generic_to_shared(my_ring));
@@ -78,28 +85,62 @@ __global__ void __launch_bounds__(kThreads, 2) experts_ring_kernel(const Experts
   // issue cursor: the next (item, block) this thread copies
   int is_item = blockIdx.x, is_blk = 0;
   ItemContext<1> ic = item_context<kGateUp, 1>(p, is_item, num_tasks, g);
-  auto issue = [&](int slot) {
-    if (my_blocks > 0 && is_item < total) {
-      const int off = (warp + kWarps * is_blk) * kBlockK + 8 * t;
-      cp_async16(slot_addr(slot, 0), ic.row_lo + off, 16);
-      cp_async16(slot_addr(slot, 1), ic.row_lo + off + 32, 16);
-      cp_async16(slot_addr(slot, 2), ic.row_hi + off, 16);
-      cp_async16(slot_addr(slot, 3), ic.row_hi + off + 32, 16);
-      const bool has_x = ic.xr[0] != nullptr;
-      const __nv_bfloat16* xs = has_x ? ic.xr[0] + off : p.x;
-      cp_async16(slot_addr(slot, 4), xs, has_x ? 16 : 0);
-      cp_async16(slot_addr(slot, 5), has_x ? xs + 32 : p.x, has_x ? 16 : 0);
-      if (++is_blk == my_blocks) {
-        is_blk = 0;
-        is_item += stride;
-        if (is_item < total) ic = item_context<kGateUp, 1>(p, is_item, num_tasks, g);
-      }
+  auto active = [&]() { return my_blocks > 0 && is_item < total; };
+  auto issue_weights = [&](int slot) {
+    if (!active()) return;
+    const int off = (warp + kWarps * is_blk) * kBlockK + 8 * t;
+    cp_async16(slot_addr(slot, 0), ic.row_lo + off, 16);
+    cp_async16(slot_addr(slot, 1), ic.row_lo + off + 32, 16);
+    cp_async16(slot_addr(slot, 2), ic.row_hi + off, 16);
+    cp_async16(slot_addr(slot, 3), ic.row_hi + off + 32, 16);
+  };
+  auto issue_acts = [&](int slot) {
+    if (!active()) return;
+    const int off = (warp + kWarps * is_blk) * kBlockK + 8 * t;
+    const bool has_x = ic.xr[0] != nullptr;
+    const __nv_bfloat16* xs = has_x ? ic.xr[0] + off : p.x;
+    cp_async16(slot_addr(slot, 4), xs, has_x ? 16 : 0);
+    cp_async16(slot_addr(slot, 5), has_x ? xs + 32 : p.x, has_x ? 16 : 0);
+  };
+  auto advance = [&]() {
+    if (!active()) return;
+    if (++is_blk == my_blocks) {
+      is_blk = 0;
+      is_item += stride;
+      if (is_item < total) ic = item_context<kGateUp, 1>(p, is_item, num_tasks, g);
     }
+  };
+  auto issue = [&](int slot) {
+    issue_weights(slot);
+    issue_acts(slot);
+    advance();
     cp_async_commit();  // empty groups keep the wait count uniform
   };
 
+  // prologue: kStages - 1 blocks in flight. Down: the weights of all of them first (they join
+  // the first group, which the first wait covers), then, after the wait, the activations.
+  if constexpr (kGateUp) {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
+    for (int s = 0; s < kStages - 1; ++s) issue(s);
+  } else {
+    const int item0 = is_item, blk0 = is_blk;
+    const ItemContext<1> ic0 = ic;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      issue_weights(s);
+      advance();
+    }
+    is_item = item0;
+    is_blk = blk0;
+    ic = ic0;
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      issue_acts(s);
+      advance();
+      cp_async_commit();
+    }
+  }
   int slot = 0;
 
   for (int item = blockIdx.x; item < total; item += stride) {

@@ -37,6 +37,16 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #endif
 }
 
+// Wait for the previous kernel, then let the next one launch. why not trigger before waiting:
+// the next kernel may read, before its own wait, data written two kernels back (the layer's PDL
+// contract, src/cuda/layer/pdl.cuh), which holds only if we trigger after our wait. Triggering
+// here, before our main work, still lets the next kernel's prologue (e.g. the next router GEMM's
+// weight prefetch) run under ours.
+__device__ __forceinline__ void griddep_wait_then_trigger() {
+  griddep_wait();
+  griddep_launch_dependents();
+}
+
 // 16-byte load of data read once (weights): read-only path, not kept in L1.
 __device__ __forceinline__ uint4 load_stream_16(const void* p) {
   uint4 r;

@@ -12,7 +12,8 @@
 // Numerics: fp32 FMA accumulation of exact bf16 (or fp32) products; NaN/Inf propagate (the layer
 // rejects non-finite inputs before this runs).
 // PDL: the first weight vectors are loaded before griddepcontrol.wait (weights are never written
-// by the previous kernel); x is read and out written only after it.
+// by the previous kernel); x is read and out written only after it, and the next kernel is
+// allowed to launch right after it (griddep_wait_then_trigger).
 #pragma once
 
 #include "router_gemm_common.cuh"
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
       }
     }
     if (!waited) {
-      griddep_wait();
+      griddep_wait_then_trigger();
       waited = true;
     }
     // load activations (shared by all CTAs: cached)
@@ -109,8 +110,7 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
           for (int c = 0; c < kTileN; ++c) acc[c][t] = fmaf(xf, wv[u][c].at(i), acc[c][t]);
         }
   }
-  if (!waited) griddep_wait();
-  griddep_launch_dependents();
+  if (!waited) griddep_wait_then_trigger();
 
   // reduce within each warp
 #pragma unroll

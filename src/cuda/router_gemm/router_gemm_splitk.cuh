@@ -18,7 +18,8 @@
 // Preconditions (checked by the op): K % 8 == 0, x and w 16-byte aligned, blockDim 128 or 256,
 // gridDim.x == cluster size. Rows past N, tokens past M and K past K load zeros.
 // Numerics: exact bf16 products, fp32 accumulation in the tensor cores and in the reductions.
-// PDL: weight fragments of the first chunks are loaded before griddepcontrol.wait.
+// PDL: weight fragments of the first chunks are loaded before griddepcontrol.wait; the next
+// kernel may launch right after the wait (griddep_wait_then_trigger).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(256) router_gemm_splitk_kernel(RouterGemmArgs 
           wa[u][i][h] = (in && w_ok[i][h]) ? load_stream_16(w_row[i][h] + kk) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {
-      griddep_wait();
+      griddep_wait_then_trigger();
       waited = true;
     }
     // load activation fragments
@@ -137,8 +138,7 @@ __global__ void __launch_bounds__(256) router_gemm_splitk_kernel(RouterGemmArgs 
                               word(wa[u][i][0], 2 * hk + 1), word(wa[u][i][1], 2 * hk + 1),
                               word(xb[u][j], 2 * hk), word(xb[u][j], 2 * hk + 1));
   }
-  if (!waited) griddep_wait();
-  griddep_launch_dependents();
+  if (!waited) griddep_wait_then_trigger();
 
   // warps' fragments -> shared memory: D[g (+8)][2t, 2t+1] = (expert, token)
   __shared__ float partial[kMaxWarps][kTileM][kLd];

@@ -82,8 +82,16 @@ Routing route_on_device(const RoutingConfig& cfg, const float* logits, int token
   MK_CUDA_CHECK(cudaMemset(p.counters, 0xff, sizeof(int) * 2));  // num_tasks poisoned
   MK_CUDA_CHECK(cudaMemset(p.tile_counters, 0xff, 4 * sizeof(int)));
   MK_CUDA_CHECK(cudaMemset(p.error_flag, 0, sizeof(int)));
-  launch_routing(p, nullptr);
-  MK_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaStream_t stream = nullptr;
+  MK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  try {
+    launch_routing(p, stream);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    MK_CUDA_WARN(cudaStreamDestroy(stream));
+    throw;
+  }
+  MK_CUDA_CHECK(cudaStreamDestroy(stream));
 
   Routing r;
   r.tokens = tokens;
