@@ -25,8 +25,9 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # --- 1. sanitizer suite -------------------------------------------------------------------------
 if [ "${MOEKIT_HARDENING_SKIP_ASAN:-0}" != 1 ]; then
   # -O1 -g1: sanitizer reports with line numbers, and the tests still run at a usable speed.
-  cmake -S . -B "$asan_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" \
-    -DMOEKIT_SANITIZE=ON -DMOEKIT_CUDA=OFF -DMOEKIT_BUILD_TOOLS=ON -DMOEKIT_BUILD_TESTS=ON >/dev/null
+  cmake -S . -B "$asan_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" -DMOEKIT_SANITIZE=ON -DMOEKIT_CUDA=OFF \
+    -DMOEKIT_BUILD_TOOLS=ON -DMOEKIT_BUILD_TESTS=ON >/dev/null
   cmake --build "$asan_dir" -j "$jobs"
   stamp "sanitizer build done"
   ctest --test-dir "$asan_dir" --output-on-failure -j "$jobs" -E '^find_package_consumer$'
@@ -40,8 +41,9 @@ if [ "${MOEKIT_HARDENING_SKIP_FUZZ:-0}" != 1 ]; then
     echo "hardening: no clang++ found (scripts/install_deps.sh installs clang-14)" >&2
     exit 1
   fi
-  cmake -S . -B "$fuzz_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$clangxx" \
-    -DMOEKIT_FUZZ=ON -DMOEKIT_CUDA=OFF -DMOEKIT_BUILD_TESTS=OFF -DMOEKIT_BUILD_TOOLS=OFF >/dev/null
+  cmake -S . -B "$fuzz_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CXX_COMPILER="$clangxx" -DMOEKIT_FUZZ=ON -DMOEKIT_CUDA=OFF \
+    -DMOEKIT_BUILD_TESTS=OFF -DMOEKIT_BUILD_TOOLS=OFF >/dev/null
   cmake --build "$fuzz_dir" -j "$jobs" --target fuzz_spec fuzz_safetensors fuzz_checkpoint \
     fuzz_make_seeds
   stamp "fuzz build done"

@@ -7,6 +7,8 @@
 // order; each loaded weight vector serves up to 4 tokens. Tails (k not a multiple of 16) are
 // summed in scalar after the lane reduction, so every output element's summation order depends
 // only on k.
+#if defined(__x86_64__) || defined(__i386__)
+
 #include <immintrin.h>
 
 #include <cstring>
@@ -200,3 +202,13 @@ const Kernels& avx2_kernels() {
 }
 
 }  // namespace moekit::cpu_fast::detail
+
+#else  // not x86: no avx2 code; the table is never used (isa_supported() is false), but must link
+
+#include "cpu/fast/kernels.h"
+
+namespace moekit::cpu_fast::detail {
+const Kernels& avx2_kernels() { return portable_kernels(); }
+}  // namespace moekit::cpu_fast::detail
+
+#endif

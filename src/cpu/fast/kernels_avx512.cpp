@@ -14,11 +14,15 @@
 // Tails use masked loads (zeros contribute nothing). The kernel chosen depends only on the
 // token count and the shapes, never on the thread count.
 
+#if defined(__x86_64__) || defined(__i386__)
+
 // why: GCC 12's avx512fintrin.h seeds reductions and casts with _mm512_undefined_*(), which
 // -Wall reports as uninitialised at every inlined use (a known false positive, GCC PR105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+
+#include <cstdint>
 
 #include "cpu/fast/kernels.h"
 
@@ -74,8 +78,9 @@ void dot_row_f32(const Bf16* w, int k, const float* const* x, float* out, size_t
 }
 
 // 4 rows x J <= 6 tokens, one accumulator each (<= 24 of the 32 zmm registers): each activation
-// vector loaded serves 4 rows. For 3+ tokens per expert the kernel is bound by the activation loads, not by memory, and
-// this tile measured 2.3x the one-row kernel at 6 tokens (Zen 4 dev machine).
+// vector loaded serves 4 rows. For 3+ tokens per expert the kernel is bound by the activation
+// loads, not by memory, and this tile measured 2.3x the one-row kernel at 6 tokens (Zen 4 dev
+// machine).
 template <int J>
 void dot_tile4_f32(const Bf16* w, size_t ldw, int k, const float* const* x, float* out,
                    size_t ldo) {
@@ -83,24 +88,29 @@ void dot_tile4_f32(const Bf16* w, size_t ldw, int k, const float* const* x, floa
   __m512 acc[R][J];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) acc[r][j] = _mm512_setzero_ps();
-  // one step of 16 elements; the mask is all-ones except in the tail
-  auto step = [&](int c, __mmask16 m) {
+  // Steps of 16 elements, an L2 prefetch per 64-byte line of each row. The masked tail repeats
+  // the body rather than sharing a helper: with a shared lambda GCC 12 kept the accumulators on
+  // the stack.
+  const int k_main = k & ~15;
+  for (int c = 0; c < k_main; c += 16) {
     __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = load_bf16x16_masked(w + r * ldw + c, m);
+    for (int r = 0; r < R; ++r) {
+      if ((c & 31) == 0) prefetch_ahead(w + r * ldw + c);
+      wv[r] = load_bf16x16(w + r * ldw + c);
+    }
     for (int j = 0; j < J; ++j) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x[j] + c);
+      const __m512 xv = _mm512_loadu_ps(x[j] + c);
       for (int r = 0; r < R; ++r) acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]);
     }
-  };
-  const int k_main = k & ~31;
-  for (int c = 0; c < k_main; c += 32) {
-    for (int r = 0; r < R; ++r) prefetch_ahead(w + r * ldw + c);  // one 64-byte line per row
-    step(c, 0xffff);
-    step(c + 16, 0xffff);
   }
-  for (int c = k_main; c < k; c += 16) {
-    const int left = k - c < 16 ? k - c : 16;
-    step(c, static_cast<__mmask16>((1u << left) - 1));
+  if (k_main < k) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (k - k_main)) - 1);
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_bf16x16_masked(w + r * ldw + k_main, m);
+    for (int j = 0; j < J; ++j) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x[j] + k_main);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]);
+    }
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) out[j * ldo + r] = _mm512_reduce_add_ps(acc[r][j]);
@@ -121,13 +131,26 @@ void dot_rows_f32(const Bf16* w, size_t ldw, int rows, int k, const float* const
       // blocks of 4 tokens, the last block 1-6 (a 5- or 6-token tile beats 4 + 1 or 4 + 2)
       for (; n - j > 6; j += 4) dot_tile4_f32<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
       switch (n - j) {
-        case 6: dot_tile4_f32<6>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 5: dot_tile4_f32<5>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 4: dot_tile4_f32<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 3: dot_tile4_f32<3>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 2: dot_tile4_f32<2>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 1: dot_tile4_f32<1>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        default: break;
+        case 6:
+          dot_tile4_f32<6>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 5:
+          dot_tile4_f32<5>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 4:
+          dot_tile4_f32<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 3:
+          dot_tile4_f32<3>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 2:
+          dot_tile4_f32<2>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 1:
+          dot_tile4_f32<1>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        default:
+          break;
       }
     }
   }
@@ -199,21 +222,29 @@ void dot_tile4_bf16(const Bf16* w, size_t ldw, int k, const Bf16* const* x, floa
   __m512 acc[R][J];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) acc[r][j] = _mm512_setzero_ps();
-  // one step of 32 elements (one 64-byte line per row); the mask is all-ones except in the tail
-  auto step = [&](int c, __mmask32 m) {
-    __m512bh wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * ldw + c);
-    for (int j = 0; j < J; ++j) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x[j] + c);
-      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv[r], xv);
-    }
-  };
+  // Steps of 32 elements (one 64-byte line per row). The tail repeats the body with masked
+  // loads rather than sharing a helper: GCC 12 then kept the accumulators on the stack.
   const int k_main = k & ~31;
   for (int c = 0; c < k_main; c += 32) {
-    for (int r = 0; r < R; ++r) prefetch_ahead(w + r * ldw + c);
-    step(c, 0xffffffffu);
+    __m512bh wv[R];
+    for (int r = 0; r < R; ++r) {
+      prefetch_ahead(w + r * ldw + c);
+      wv[r] = (__m512bh)_mm512_loadu_si512(w + r * ldw + c);
+    }
+    for (int j = 0; j < J; ++j) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x[j] + c);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv[r], xv);
+    }
   }
-  if (k_main < k) step(k_main, static_cast<__mmask32>((1ull << (k - k_main)) - 1));
+  if (k_main < k) {
+    const __mmask32 m = static_cast<__mmask32>((1ull << (k - k_main)) - 1);
+    __m512bh wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * ldw + k_main);
+    for (int j = 0; j < J; ++j) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x[j] + k_main);
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv[r], xv);
+    }
+  }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) out[j * ldo + r] = _mm512_reduce_add_ps(acc[r][j]);
 }
@@ -229,13 +260,26 @@ void dot_rows_bf16(const Bf16* w, size_t ldw, int rows, int k, const Bf16* const
       // blocks of 4 tokens, the last block 1-6 (a 5- or 6-token tile beats 4 + 1 or 4 + 2)
       for (; n - j > 6; j += 4) dot_tile4_bf16<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
       switch (n - j) {
-        case 6: dot_tile4_bf16<6>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 5: dot_tile4_bf16<5>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 4: dot_tile4_bf16<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 3: dot_tile4_bf16<3>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 2: dot_tile4_bf16<2>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        case 1: dot_tile4_bf16<1>(wr, ldw, k, x + j, out + j * ldo + r0, ldo); break;
-        default: break;
+        case 6:
+          dot_tile4_bf16<6>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 5:
+          dot_tile4_bf16<5>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 4:
+          dot_tile4_bf16<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 3:
+          dot_tile4_bf16<3>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 2:
+          dot_tile4_bf16<2>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        case 1:
+          dot_tile4_bf16<1>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+          break;
+        default:
+          break;
       }
     }
   }
@@ -273,46 +317,62 @@ void dot_rows_bf16(const Bf16* w, size_t ldw, int rows, int k, const Bf16* const
 
 // ---- router, double accumulation ----
 
-template <bool kF32>
-double router_row(const void* wp, int k, const double* x) {
-  __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+inline __m512 load_router16(const void* w, bool f32, int c, __mmask16 m) {
+  return f32 ? _mm512_maskz_loadu_ps(m, static_cast<const float*>(w) + c)
+             : load_bf16x16_masked(static_cast<const Bf16*>(w) + c, m);
+}
+
+// One router row against J tokens: the 16 weights of a step are widened to double once and used
+// for every token (the router is read once per call however many tokens there are).
+template <int J>
+void router_row(const void* w, bool f32, int k, const double* const* x, double* out, size_t ldo) {
+  __m512d a0[J], a1[J];
+  for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_pd();
   const int k_main = k & ~15;
   for (int c = 0; c < k_main; c += 16) {
-    __m512 wf;
-    if constexpr (kF32) {
-      wf = _mm512_loadu_ps(static_cast<const float*>(wp) + c);
-    } else {
-      wf = load_bf16x16(static_cast<const Bf16*>(wp) + c);
+    const __m512 wf = load_router16(w, f32, c, 0xffff);
+    const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wf));
+    const __m512d w1 =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wf), 1)));
+    for (int j = 0; j < J; ++j) {
+      a0[j] = _mm512_fmadd_pd(w0, _mm512_loadu_pd(x[j] + c), a0[j]);
+      a1[j] = _mm512_fmadd_pd(w1, _mm512_loadu_pd(x[j] + c + 8), a1[j]);
     }
-    a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(wf)), _mm512_loadu_pd(x + c), a0);
-    a1 = _mm512_fmadd_pd(
-        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wf), 1))),
-        _mm512_loadu_pd(x + c + 8), a1);
   }
   if (k_main < k) {
     const __mmask16 m = static_cast<__mmask16>((1u << (k - k_main)) - 1);
-    __m512 wf;
-    if constexpr (kF32) {
-      wf = _mm512_maskz_loadu_ps(m, static_cast<const float*>(wp) + k_main);
-    } else {
-      wf = load_bf16x16_masked(static_cast<const Bf16*>(wp) + k_main, m);
-    }
+    const __m512 wf = load_router16(w, f32, k_main, m);
+    const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wf));
+    const __m512d w1 =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wf), 1)));
     const __mmask8 m0 = static_cast<__mmask8>(m & 0xff), m1 = static_cast<__mmask8>(m >> 8);
-    a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(wf)),
-                         _mm512_maskz_loadu_pd(m0, x + k_main), a0);
-    a1 = _mm512_fmadd_pd(
-        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wf), 1))),
-        _mm512_maskz_loadu_pd(m1, x + k_main + 8), a1);
+    for (int j = 0; j < J; ++j) {
+      a0[j] = _mm512_fmadd_pd(w0, _mm512_maskz_loadu_pd(m0, x[j] + k_main), a0[j]);
+      a1[j] = _mm512_fmadd_pd(w1, _mm512_maskz_loadu_pd(m1, x[j] + k_main + 8), a1[j]);
+    }
   }
-  return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+  for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_pd(_mm512_add_pd(a0[j], a1[j]));
 }
 
 void router_dot(const void* w, bool w_f32, size_t ldw, int rows, int k, const double* const* x,
                 int n, double* out, size_t ldo) {
+  const size_t elem = w_f32 ? 4 : 2;
   for (int r = 0; r < rows; ++r) {
-    for (int j = 0; j < n; ++j) {
-      out[j * ldo + r] = w_f32 ? router_row<true>(static_cast<const float*>(w) + r * ldw, k, x[j])
-                               : router_row<false>(static_cast<const Bf16*>(w) + r * ldw, k, x[j]);
+    const void* wr = static_cast<const uint8_t*>(w) + r * ldw * elem;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) router_row<4>(wr, w_f32, k, x + j, out + j * ldo + r, ldo);
+    switch (n - j) {
+      case 3:
+        router_row<3>(wr, w_f32, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 2:
+        router_row<2>(wr, w_f32, k, x + j, out + j * ldo + r, ldo);
+        break;
+      case 1:
+        router_row<1>(wr, w_f32, k, x + j, out + j * ldo + r, ldo);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -348,3 +408,13 @@ const Kernels& avx512_kernels() {
 }
 
 }  // namespace moekit::cpu_fast::detail
+
+#else  // not x86: no avx512 code; the table is never used (isa_supported() is false), but must link
+
+#include "cpu/fast/kernels.h"
+
+namespace moekit::cpu_fast::detail {
+const Kernels& avx512_kernels() { return portable_kernels(); }
+}  // namespace moekit::cpu_fast::detail
+
+#endif
