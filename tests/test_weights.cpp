@@ -73,13 +73,13 @@ TEST(RandomWeights, ValuesFollowTheDocumentedFormula) {
   const uint64_t ks2 = rv::stream_key(seed, L, rv::Tensor::SharedW2, -1);
   EXPECT_EQ(bf(w->shared_w2()[H * Is - 1]),
             moekit::round_to_bf16(rv::uniform(ks2, H * Is - 1) / std::sqrt(float(Is))));
-  // Router rows (bf16), correction bias (fp32, unrounded, * 0.5).
+  // Router rows (bf16), correction bias (fp32, unrounded, * 0.02).
   const uint64_t kr = rv::stream_key(seed, L, rv::Tensor::RouterWeight, -1);
   const Bf16* router = static_cast<const Bf16*>(w->router_weight());
   EXPECT_EQ(bf(router[7 * H + 3]), moekit::round_to_bf16(rv::uniform(kr, 7 * H + 3) * 0.125f));
   ASSERT_NE(w->correction_bias(), nullptr);
   const uint64_t kc = rv::stream_key(seed, L, rv::Tensor::CorrectionBias, -1);
-  EXPECT_EQ(w->correction_bias()[9], rv::uniform(kc, 9) * 0.5f);
+  EXPECT_EQ(w->correction_bias()[9], rv::uniform(kc, 9) * 0.02f);
   EXPECT_EQ(w->router_bias(), nullptr);
   EXPECT_EQ(ex.b13, nullptr);
   // O(1)-preserving scale: |w| < 1/sqrt(fan_in) (rounding can reach it, never exceed by more).
