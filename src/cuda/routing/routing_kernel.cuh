@@ -240,10 +240,15 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   pdl_launch_dependents();
   if (token < p.tokens) route_token(p, token, lane);
 
-  // The last CTA to finish sees every token's ids and builds the dispatch lists.
+  // The last CTA to finish sees every token's ids and builds the dispatch lists. A grid of one
+  // CTA (T <= 16) is its own last CTA: no counter round trip.
   __shared__ bool is_last;
   __threadfence();
   __syncthreads();
+  if (gridDim.x == 1) {
+    align_detail::align_block(p);
+    return;
+  }
   if (threadIdx.x == 0) {
     const int done = atomicAdd(&p.counters->routing_done, 1);
     is_last = done == static_cast<int>(gridDim.x) - 1;
