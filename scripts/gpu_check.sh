@@ -7,6 +7,7 @@
 #   bench_layer.jsonl  `moekit bench --device cuda --json` records, one JSON document per model
 #   bench_router.jsonl `moekit bench router-gemm --json`, one per model
 #   tuning_sm90.json, sm90.inc   the tuner's table (commit sm90.inc as tuning/sm90.inc)
+#   deepseek-v3_sweep.png        the batch sweep, fused vs unfused vs floor
 # Stages: STAGES="build test sanitize bench tune" (default all). A failing stage is recorded and
 # the script goes on, so one call returns everything there is to learn.
 set -uo pipefail
@@ -91,8 +92,8 @@ if has_stage bench && [ -x "$MOEKIT" ]; then
     timed "bench $m" "$LOGS/bench_layer.log" \
       sh -c "'$MOEKIT' bench --device cuda --model $m --batch $BENCH_BATCHES --json >>'$OUT/bench_layer.jsonl'"
   done
-  "$MOEKIT" bench --device cuda --model deepseek-v3 --batch 1,8,32,128 >>"$summary" \
-    2>>"$LOGS/bench_layer.log"
+  "$MOEKIT" bench --device cuda --model deepseek-v3 --batch "$BENCH_BATCHES" \
+    --plot "$OUT/deepseek-v3_sweep.png" >>"$summary" 2>>"$LOGS/bench_layer.log"
   "$MOEKIT" run --device cuda --model deepseek-v3 --tokens 4 --fuse-shared on >>"$summary" 2>&1
 fi
 

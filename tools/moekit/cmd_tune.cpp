@@ -3,8 +3,10 @@
 // every legal router GEMM candidate (tuning::router_gemm_candidates, the generator the heuristic
 // rows are drawn from) for the gate shapes of the given models' MoE layers on the present GPU, and
 // writes the table: JSON for --tuning-file / MOEKIT_TUNING_FILE, or .inc lines for tuning/<arch>.inc.
-// Timing: RouterGemmTimer (CUDA-graph replay, weights rotated out of L2). Each candidate's output
-// is checked against the naive kernel before its time counts.
+// Timing: RouterGemmTimer (CUDA-graph replay, weights rotated out of L2), without PDL. Each
+// candidate's output is checked against the naive kernel before its time counts. The choice rule
+// (ours only where it beats cuBLAS by 3% at both ends of every M segment) is
+// tuning::select_router_gemm_rows (src/tuning/router_gemm_select.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,6 +24,7 @@
 #include "moekit/router_gemm.h"
 #include "moekit/spec.h"
 #include "moekit/tuning.h"
+#include "tuning/router_gemm_select.h"
 
 namespace moekit::cli {
 namespace {
@@ -53,11 +56,6 @@ class ProgressBar {
   long total_;
   long done_ = 0;
   Clock::time_point start_;
-};
-
-struct Measured {
-  RouterGemmConfig config;
-  double us;
 };
 
 // Max |a - b| over max |b|.
@@ -106,23 +104,39 @@ int run_tune(const TuneOptions& o) {
     }
   }
   const cuda::RouterGemmDeviceInfo dev = cuda::router_gemm_device_info();
+  // Table rows cover whole segments (prev+1 .. m) of the requested M list; each segment is timed
+  // at both ends (tuning/router_gemm_select.h says why).
+  const std::vector<std::pair<int, int>> segments = tuning::router_gemm_segments(ms);
+  const std::vector<int> points = tuning::router_gemm_measure_points(segments);
   long total = 0;
   for (const RouterGemmShape& s : shapes) {
-    for (int m : ms) total += static_cast<long>(tuning::router_gemm_candidates(s.weight_dtype, s.k, s.n, m).size());
+    for (int m : points) total += static_cast<long>(tuning::router_gemm_candidates(s.weight_dtype, s.k, s.n, m).size());
   }
-  std::fprintf(stderr, "moekit tune: %s (%s), %zu gate shape(s), %zu values of M, %ld timings\n",
-               dev.name.c_str(), tuning::arch_name(dev.arch), shapes.size(), ms.size(), total);
+  std::fprintf(stderr, "moekit tune: %s (%s), %zu gate shape(s), %zu values of M (%zu measured), "
+               "%ld timings, without PDL\n", dev.name.c_str(), tuning::arch_name(dev.arch),
+               shapes.size(), ms.size(), points.size(), total);
+  // why without PDL: in the back-to-back timing graph each of our launches follows another
+  // router GEMM that triggers its dependents early, a best case the layer does not get (its
+  // router GEMM follows kernels of other ops); cuBLAS gains nothing from it. Timed plainly, ours
+  // and cuBLAS are compared on equal terms, and a kernel chosen here is no slower than cuBLAS in
+  // the layer whatever precedes it. `moekit bench router-gemm` quotes the same measurement.
+  const bool pdl_default = cuda::router_gemm_pdl();
+  cuda::set_router_gemm_pdl(false);
+  struct PdlRestore {
+    bool on;
+    ~PdlRestore() { cuda::set_router_gemm_pdl(on); }
+  } pdl_restore{pdl_default};
   ProgressBar bar(total);
   nlohmann::json rows_json = nlohmann::json::array();
   nlohmann::json rejected = nlohmann::json::array();
   std::vector<RouterGemmRow> rows;
   for (size_t si = 0; si < shapes.size(); ++si) {
     const RouterGemmShape& shape = shapes[si];
-    cuda::RouterGemmTimer timer(shape, ms.back(), o.seed);
-    std::vector<std::vector<Measured>> per_m;  // per M, every candidate
-    for (int m : ms) {
+    cuda::RouterGemmTimer timer(shape, points.back(), o.seed);
+    std::map<int, std::vector<tuning::RouterGemmTiming>> per_m;  // per measured M, every candidate
+    for (int m : points) {
       const std::vector<float> ref = timer.run(tuning::router_gemm_fallback(), m);
-      std::vector<Measured> times;
+      std::vector<tuning::RouterGemmTiming> times;
       for (const RouterGemmConfig& c :
            tuning::router_gemm_candidates(shape.weight_dtype, shape.k, shape.n, m)) {
         std::ostringstream what;
@@ -155,60 +169,35 @@ int run_tune(const TuneOptions& o) {
       }
       MK_CHECK(!times.empty(), "tune: no candidate ran on " << tuning::describe(shape)
                                                              << " M=" << m);
-      per_m.push_back(std::move(times));
+      per_m[m] = std::move(times);
     }
-    // Rows: keep the running config while it stays within 2% of the best at this M (fewer rows,
-    // no flapping between configs that timing noise cannot separate), else start a new row.
-    auto time_of = [](const std::vector<Measured>& v, const RouterGemmConfig& c) -> double {
-      for (const Measured& x : v)
-        if (x.config == c) return x.us;
-      return INFINITY;
-    };
-    int row_start = -1;
-    RouterGemmConfig current;
-    double cublas_us_sum = 0, best_us_sum = 0;
-    auto close_row = [&](int end_index) {
-      RouterGemmRow r;
-      r.weight_dtype = shape.weight_dtype;
-      r.k = shape.k;
-      r.n = shape.n;
-      r.m_min = row_start == 0 ? 1 : ms[row_start - 1] + 1;
-      r.m_max = ms[end_index];
-      r.config = current;
-      tuning::validate_row(r, "tune");
+    std::vector<tuning::RouterGemmSegment> segs;
+    for (const auto& [lo, hi] : segments) {
+      tuning::RouterGemmSegment seg;
+      seg.m_min = lo;
+      seg.m_max = hi;
+      seg.points.push_back(per_m.at(lo));
+      if (hi != lo) seg.points.push_back(per_m.at(hi));
+      segs.push_back(std::move(seg));
+    }
+    for (const tuning::RouterGemmSelectedRow& sr :
+         tuning::select_router_gemm_rows(shape.weight_dtype, shape.k, shape.n, segs)) {
+      const RouterGemmRow& r = sr.row;
       rows.push_back(r);
-      nlohmann::json j = {{"dtype", dtype_name(r.weight_dtype)},
-                          {"k", r.k},
-                          {"n", r.n},
-                          {"m_min", r.m_min},
-                          {"m_max", r.m_max},
-                          {"backend", tuning::backend_name(r.config.backend)},
-                          {"block", r.config.block},
-                          {"tile_n", r.config.tile_n},
-                          {"tile_m", r.config.tile_m},
-                          {"split_k", r.config.split_k},
-                          {"us_mean", best_us_sum / (end_index - row_start + 1)},
-                          {"cublas_us_mean", cublas_us_sum / (end_index - row_start + 1)},
-                          {"models", users[si]}};
-      rows_json.push_back(j);
-      cublas_us_sum = best_us_sum = 0;
-    };
-    for (size_t i = 0; i < ms.size(); ++i) {
-      const auto& v = per_m[i];
-      const Measured best = *std::min_element(
-          v.begin(), v.end(), [](const Measured& a, const Measured& b) { return a.us < b.us; });
-      if (row_start < 0) {
-        row_start = 0;
-        current = best.config;
-      } else if (!(time_of(v, current) <= best.us * 1.02)) {
-        close_row(static_cast<int>(i) - 1);
-        row_start = static_cast<int>(i);
-        current = best.config;
-      }
-      best_us_sum += time_of(v, current);
-      cublas_us_sum += time_of(v, RouterGemmConfig{tuning::RouterGemmBackend::Cublas, 0, 0, 0, 1});
+      rows_json.push_back({{"dtype", dtype_name(r.weight_dtype)},
+                           {"k", r.k},
+                           {"n", r.n},
+                           {"m_min", r.m_min},
+                           {"m_max", r.m_max},
+                           {"backend", tuning::backend_name(r.config.backend)},
+                           {"block", r.config.block},
+                           {"tile_n", r.config.tile_n},
+                           {"tile_m", r.config.tile_m},
+                           {"split_k", r.config.split_k},
+                           {"us_mean", sr.us_mean},
+                           {"cublas_us_mean", sr.cublas_us_mean},
+                           {"models", users[si]}});
     }
-    close_row(static_cast<int>(ms.size()) - 1);
   }
   bar.finish();
 
