@@ -12,6 +12,7 @@
 #include "moekit/error.h"
 #include "moekit/spec.h"
 #include "moekit/tuning.h"
+#include "tuning/router_gemm_select.h"
 
 namespace moekit::tuning {
 namespace {
@@ -43,7 +44,8 @@ TEST(RouterGemmTuning, LegalityRules) {
   const std::vector<std::pair<RouterGemmConfig, std::string>> bad = {
       {{RouterGemmBackend::Dot, 512, 1, 1, 1}, "dot: block must be 64, 128 or 256"},
       {{RouterGemmBackend::Dot, 256, 3, 1, 1}, "dot: no compiled kernel"},
-      {{RouterGemmBackend::Dot, 256, 1, 1, 2}, "dot: split_k must be 1"},
+      {{RouterGemmBackend::Dot, 256, 1, 1, 3}, "dot: split_k must be 1, 2, 4 or 8"},
+      {{RouterGemmBackend::Dot, 256, 1, 1, 16}, "dot: split_k must be 1, 2, 4 or 8"},
       {{RouterGemmBackend::SplitK, 256, 16, 8, 9}, "splitk: split_k must be in 1..8"},
       {{RouterGemmBackend::SplitK, 192, 16, 8, 1}, "splitk: block must be 128 or 256"},
       {{RouterGemmBackend::SplitK, 256, 48, 8, 1}, "splitk: no compiled kernel"},
@@ -245,4 +247,104 @@ TEST(RouterGemmTuning, ArchFromComputeCapability) {
 }
 
 }  // namespace
+}  // namespace moekit::tuning
+
+namespace moekit::tuning {
+
+// ---- the tuner's choice rule (src/tuning/router_gemm_select.h) ----
+
+namespace {
+
+constexpr RouterGemmConfig kDotSplit{RouterGemmBackend::Dot, 128, 1, 1, 4};
+
+RouterGemmSegment segment(int lo, int hi, std::vector<std::vector<RouterGemmTiming>> points) {
+  RouterGemmSegment s;
+  s.m_min = lo;
+  s.m_max = hi;
+  s.points = std::move(points);
+  return s;
+}
+
+}  // namespace
+
+TEST(RouterGemmTuning, SegmentsAndMeasurePoints) {
+  const auto segs = router_gemm_segments({16, 1, 2, 3, 3, 8});
+  const std::vector<std::pair<int, int>> want = {{1, 1}, {2, 2}, {3, 3}, {4, 8}, {9, 16}};
+  EXPECT_EQ(segs, want);
+  EXPECT_EQ(router_gemm_measure_points(segs), (std::vector<int>{1, 2, 3, 4, 8, 9, 16}));
+  EXPECT_THROW(router_gemm_segments({0, 4}), Error);
+}
+
+TEST(RouterGemmTuning, ChoiceNeedsMarginOverCublasAtEveryPoint) {
+  // M=1: ours 2.0 vs cuBLAS 6.0 (wins). M=2..8: ours wins at 8 but only ties at 2: cuBLAS.
+  // M=9..16: ours 0.98 x cuBLAS at both ends: inside the noise margin, cuBLAS.
+  const std::vector<RouterGemmSegment> segs = {
+      segment(1, 1, {{{kDot1, 2.0}, {kCublas, 6.0}}}),
+      segment(2, 8, {{{kDot1, 6.1}, {kCublas, 6.2}}, {{kDot1, 5.0}, {kCublas, 8.0}}}),
+      segment(9, 16, {{{kDot1, 6.86}, {kCublas, 7.0}}, {{kDot1, 6.86}, {kCublas, 7.0}}}),
+  };
+  const auto rows = select_router_gemm_rows(DType::BF16, 7168, 256, segs);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].row.config, kDot1);
+  EXPECT_EQ(rows[0].row.m_min, 1);
+  EXPECT_EQ(rows[0].row.m_max, 1);
+  EXPECT_DOUBLE_EQ(rows[0].us_mean, 2.0);
+  EXPECT_DOUBLE_EQ(rows[0].cublas_us_mean, 6.0);
+  EXPECT_EQ(rows[1].row.config, kCublas);
+  EXPECT_EQ(rows[1].row.m_min, 2);
+  EXPECT_EQ(rows[1].row.m_max, 16);
+}
+
+TEST(RouterGemmTuning, ChoiceKeepsRunningConfigWithinTolerance) {
+  // M=1: split dot best. M=2: kDot1 is 1% faster, within the 2% tolerance: the row continues.
+  // M=3: kDot1 is 10% faster: new row. M=4: the running kDot1 stops winning: cuBLAS.
+  const std::vector<RouterGemmSegment> segs = {
+      segment(1, 1, {{{kDot1, 2.5}, {kDotSplit, 2.0}, {kCublas, 6.0}}}),
+      segment(2, 2, {{{kDot1, 2.0}, {kDotSplit, 2.02}, {kCublas, 6.0}}}),
+      segment(3, 3, {{{kDot1, 2.0}, {kDotSplit, 2.2}, {kCublas, 6.0}}}),
+      segment(4, 4, {{{kDot1, 6.0}, {kDotSplit, 6.5}, {kCublas, 6.0}}}),
+  };
+  const auto rows = select_router_gemm_rows(DType::BF16, 7168, 256, segs);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].row.config, kDotSplit);
+  EXPECT_EQ(rows[0].row.m_max, 2);
+  EXPECT_EQ(rows[1].row.config, kDot1);
+  EXPECT_EQ(rows[1].row.m_min, 3);
+  EXPECT_EQ(rows[1].row.m_max, 3);
+  EXPECT_EQ(rows[2].row.config, kCublas);
+  EXPECT_EQ(rows[2].row.m_min, 4);
+}
+
+TEST(RouterGemmTuning, ChoiceIgnoresConfigsMissingAPointAndRejectsGaps) {
+  // kDot1 has no time at M=8 (it failed there): it cannot cover 5..8 even though it wins at 5.
+  const std::vector<RouterGemmSegment> segs = {
+      segment(1, 4, {{{kDot1, 2.0}, {kCublas, 6.0}}, {{kDot1, 2.0}, {kCublas, 6.0}}}),
+      segment(5, 8, {{{kDot1, 2.0}, {kDot4, 3.0}, {kCublas, 6.0}}, {{kDot4, 3.0}, {kCublas, 6.0}}}),
+  };
+  const auto rows = select_router_gemm_rows(DType::BF16, 7168, 256, segs);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].row.config, kDot4);
+  EXPECT_EQ(rows[1].row.m_min, 5);
+  const std::vector<RouterGemmSegment> gap = {segment(1, 1, {{{kCublas, 6.0}}}),
+                                              segment(3, 3, {{{kCublas, 6.0}}})};
+  EXPECT_THROW(select_router_gemm_rows(DType::BF16, 7168, 256, gap), Error);
+}
+
+TEST(RouterGemmTuning, SplitDotCandidatesOnlyAtDecodeM) {
+  auto count_split = [](int k, int m) {
+    int n = 0;
+    for (const RouterGemmConfig& c : router_gemm_candidates(DType::BF16, k, 256, m)) {
+      if (c.backend == RouterGemmBackend::Dot && c.split_k > 1) {
+        ++n;
+        EXPECT_LE(static_cast<long long>(c.split_k) * c.block * 8, k) << describe(c);
+      }
+    }
+    return n;
+  };
+  EXPECT_GT(count_split(7168, 1), 0);
+  EXPECT_GT(count_split(7168, 16), 0);
+  EXPECT_EQ(count_split(7168, 17), 0);
+  EXPECT_EQ(count_split(1024, 1), 0);  // 2 x 128 x 8 > 1024: a thread would get no vector
+}
+
 }  // namespace moekit::tuning

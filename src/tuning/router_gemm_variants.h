@@ -56,7 +56,9 @@ constexpr const char* config_problem(const RouterGemmConfig& c, DType dt, int k,
       if (c.block != 64 && c.block != 128 && c.block != 256) return "dot: block must be 64, 128 or 256";
       if (!dot_variant_exists(c.tile_n, c.tile_m))
         return "dot: no compiled kernel for this (tile_n, tile_m) (see MK_ROUTER_GEMM_DOT_VARIANTS)";
-      if (c.split_k != 1) return "dot: split_k must be 1";
+      // why <= 8: split_k CTAs form one cluster (8 is the portable cluster size limit)
+      if (c.split_k != 1 && c.split_k != 2 && c.split_k != 4 && c.split_k != 8)
+        return "dot: split_k must be 1, 2, 4 or 8";
       // why: each thread reads 8 consecutive K elements with 16-byte loads, rows must stay aligned
       if (k % 8 != 0) return "dot: K must be a multiple of 8 (16-byte loads along K)";
       if (m > 0 && ceil_div(m, c.tile_m) > kMaxGridYZ) return "dot: M / tile_m exceeds grid.y 65535";

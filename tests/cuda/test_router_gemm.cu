@@ -346,13 +346,37 @@ TEST(RouterGemmCuda, RejectsIllegalShapesAndConfigs) {
   for (float v : out) EXPECT_TRUE(std::isnan(v));
 }
 
+// The dot kernel with K split over a cluster of 2..8 CTAs, on every test shape, including shapes
+// where the split leaves CTAs an empty K range (K=136: 17 vectors over 8 CTAs of 3) or threads
+// idle, with and without bias, at M across the token tiles.
+TEST(RouterGemmCuda, DotSplitOverClusterEveryShape) {
+  MK_REQUIRE_GPU();
+  for (const Shape& s : kShapes) {
+    Fixture f(s);
+    for (int split : {2, 4, 8}) {
+      for (const RouterGemmConfig& c :
+           {RouterGemmConfig{RouterGemmBackend::Dot, 64, 1, 1, split},
+            RouterGemmConfig{RouterGemmBackend::Dot, 128, 2, 2, split},
+            RouterGemmConfig{RouterGemmBackend::Dot, 256, 1, 8, split},
+            RouterGemmConfig{RouterGemmBackend::Dot, 256, 2, 4, split}}) {
+        if (tuning::router_gemm_config_problem(c, s.dtype, s.k, s.n, 17) != nullptr) continue;
+        for (int m : {1, 3, 4, 9, 17}) {
+          const std::string err = f.run_and_check(m, &c);
+          EXPECT_EQ(err, "") << name(s) << " M=" << m << " " << tuning::describe(c);
+        }
+      }
+    }
+  }
+}
+
 TEST(RouterGemmCuda, DeterministicAcrossRuns) {
   MK_REQUIRE_GPU();
   Fixture f({DType::BF16, 7168, 256, false});
   for (const RouterGemmConfig& c :
        {RouterGemmConfig{RouterGemmBackend::SplitK, 256, 16, 8, 8},
         RouterGemmConfig{RouterGemmBackend::SplitK, 128, 32, 32, 4},
-        RouterGemmConfig{RouterGemmBackend::Dot, 256, 2, 4, 1}}) {
+        RouterGemmConfig{RouterGemmBackend::Dot, 256, 2, 4, 1},
+        RouterGemmConfig{RouterGemmBackend::Dot, 128, 2, 8, 8}}) {
     f.poison();
     router_gemm(f.problem(33), c, f.stream());
     const std::vector<float> a = f.fetch(33);

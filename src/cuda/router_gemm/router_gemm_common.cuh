@@ -18,6 +18,7 @@ struct RouterGemmArgs {
   int m;
   int n;
   int k;
+  int split = 1;  // dot kernel: CTAs (one cluster along x) sharing one output tile's K range
 };
 
 // PDL: wait until the previous kernel in the stream has finished and its writes are visible.
@@ -47,10 +48,12 @@ __device__ __forceinline__ void griddep_wait_then_trigger() {
   griddep_launch_dependents();
 }
 
-// 16-byte load of data read once (weights): read-only path, not kept in L1.
+// 16-byte load of data read once (weights): read-only path, not kept in L1; L2::256B asks L2
+// to fetch the whole 256-byte block from HBM at once (a warp's 32 loads cover 512 contiguous
+// bytes, so nothing fetched goes unused, and the DRAM bursts are longer).
 __device__ __forceinline__ uint4 load_stream_16(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;

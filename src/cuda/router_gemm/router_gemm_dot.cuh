@@ -2,12 +2,19 @@
 //
 // logits[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]); x bf16 [M, K] row-major, w bf16 or fp32
 // [N, K] row-major, fp32 out [M, N].
-// Grid: (ceil(N / kTileN), ceil(M / kTileM)); CTA (bx, by) computes columns bx*kTileN.. for tokens
+// Grid: (ceil(N / kTileN) * split, ceil(M / kTileM)), clusters of `split` CTAs along x (split =
+// the config's split_k, 1, 2, 4 or 8); cluster c computes columns c*kTileN.. for tokens
 // by*kTileM.., all kTileM tokens in one pass over the weights, so at M <= kTileM each weight byte
-// is read once. blockDim (64, 128 or 256) threads split K: thread i takes 8-element vectors
+// is read once. The K range (in 8-element vectors) is cut into `split` contiguous chunks, one per
+// CTA of the cluster. why split: at decode M the plain grid has N / kTileN CTAs (~1 per SM) and
+// each thread streams several vectors in turn; split-K puts 2-8 CTAs on each SM, each with all its
+// loads issued before its first FMA, so more bytes are in flight per SM and the tail is shorter.
+// Within a CTA, blockDim (64, 128 or 256) threads split the chunk: thread i takes vectors
 // i, i + blockDim, ... (16-byte loads of bf16 weights and of x, two for fp32 weights), kUnroll
 // vectors in flight per column before the first FMA. Reduction: warp shuffle (xor tree), then the
-// warps' partials summed in warp order in shared memory, so the result is deterministic.
+// warps' partials summed in warp order in shared memory, then (split > 1) CTA rank 0 sums the
+// cluster's CTA partials in rank order through distributed shared memory, so the result is
+// deterministic.
 // Preconditions (checked by the op): K % 8 == 0, x and w 16-byte aligned, blockDim <= 256.
 // Numerics: fp32 FMA accumulation of exact bf16 (or fp32) products; NaN/Inf propagate (the layer
 // rejects non-finite inputs before this runs).
@@ -15,6 +22,8 @@
 // by the previous kernel); x is read and out written only after it, and the next kernel is
 // allowed to launch right after it (griddep_wait_then_trigger).
 #pragma once
+
+#include <cooperative_groups.h>
 
 #include "router_gemm_common.cuh"
 
@@ -55,9 +64,15 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
   // (kUnroll * kTileM * 4 words) would crowd out occupancy, so halve it.
   constexpr int kUnroll = kTileM >= 8 ? 2 : 4;
 
-  const int n0 = blockIdx.x * kTileN;
+  const int split = a.split;  // == cluster size along x
+  const int rank = static_cast<int>(blockIdx.x) % split;
+  const int n0 = (static_cast<int>(blockIdx.x) / split) * kTileN;
   const int m0 = blockIdx.y * kTileM;
-  const int nvec = a.k / 8;
+  const int nvec_all = a.k / 8;
+  const int chunk = (nvec_all + split - 1) / split;
+  const int v_begin = rank * chunk;
+  // why min/max: with K / 8 < split * chunk the last CTAs get an empty range (they add zeros)
+  const int nvec = max(v_begin, min(nvec_all, v_begin + chunk));
   const WT* w = static_cast<const WT*>(a.w);
 
   float acc[kTileN][kTileM];
@@ -67,7 +82,7 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
     for (int t = 0; t < kTileM; ++t) acc[c][t] = 0.0f;
 
   bool waited = false;
-  for (int v0 = threadIdx.x; v0 < nvec; v0 += kUnroll * blockDim.x) {
+  for (int v0 = v_begin + static_cast<int>(threadIdx.x); v0 < nvec; v0 += kUnroll * blockDim.x) {
     // load weights (streamed once)
     WeightVec8<WT> wv[kUnroll][kTileN];
 #pragma unroll
@@ -132,19 +147,37 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
   }
   __syncthreads();
 
-  // store
-  if (threadIdx.x < kTileN * kTileM) {
-    const int c = threadIdx.x / kTileM;
-    const int t = threadIdx.x % kTileM;
-    const int col = n0 + c;
-    const int tok = m0 + t;
-    if (col < a.n && tok < a.m) {
-      float s = 0.0f;
-      for (int wi = 0; wi < static_cast<int>(blockDim.x / 32); ++wi) s += partial[wi][threadIdx.x];
-      if (a.bias != nullptr) s += a.bias[col];
-      a.out[static_cast<size_t>(tok) * a.n + col] = s;
+  // store (split == 1) or publish this CTA's sums to the cluster
+  __shared__ float cta_sum[kTileN * kTileM];
+  const int c = threadIdx.x / kTileM;
+  const int t = threadIdx.x % kTileM;
+  const int col = n0 + c;
+  const int tok = m0 + t;
+  const bool owner = threadIdx.x < kTileN * kTileM;
+  if (owner) {
+    float s = 0.0f;
+    for (int wi = 0; wi < static_cast<int>(blockDim.x / 32); ++wi) s += partial[wi][threadIdx.x];
+    if (split == 1) {
+      if (col < a.n && tok < a.m) {
+        if (a.bias != nullptr) s += a.bias[col];
+        a.out[static_cast<size_t>(tok) * a.n + col] = s;
+      }
+    } else {
+      cta_sum[threadIdx.x] = s;
     }
   }
+  if (split == 1) return;  // uniform over the grid: every CTA of a cluster takes the same path
+
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every CTA's sums are written
+  if (rank == 0 && owner && col < a.n && tok < a.m) {
+    float s = 0.0f;
+    for (int q = 0; q < split; ++q) s += cluster.map_shared_rank(cta_sum, q)[threadIdx.x];
+    if (a.bias != nullptr) s += a.bias[col];
+    a.out[static_cast<size_t>(tok) * a.n + col] = s;
+  }
+  cluster.sync();  // why: keep this CTA's shared memory alive until rank 0 has read it
 }
 
 }  // namespace moekit::cuda::router_gemm_detail

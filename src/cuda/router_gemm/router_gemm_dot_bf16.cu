@@ -8,12 +8,16 @@ namespace moekit::cuda::router_gemm_detail {
 
 void launch_router_gemm_dot_bf16(const RouterGemmProblem& p, const tuning::RouterGemmConfig& c,
                                  cudaStream_t stream) {
-  const dim3 grid((p.n + c.tile_n - 1) / c.tile_n, (p.m + c.tile_m - 1) / c.tile_m);
+  // split_k CTAs per output tile, one cluster along x (router_gemm_dot.cuh)
+  const dim3 grid((p.n + c.tile_n - 1) / c.tile_n * c.split_k, (p.m + c.tile_m - 1) / c.tile_m);
   const dim3 block(c.block);
-#define MK_ROUTER_GEMM_DOT_CASE_(TN, TM)                                                    \
-  if (c.tile_n == (TN) && c.tile_m == (TM)) {                                               \
-    launch_kernel(router_gemm_dot_kernel<__nv_bfloat16, TN, TM>, grid, block, 1, stream, make_args(p)); \
-    return;                                                                                 \
+  RouterGemmArgs args = make_args(p);
+  args.split = c.split_k;
+#define MK_ROUTER_GEMM_DOT_CASE_(TN, TM)                                               \
+  if (c.tile_n == (TN) && c.tile_m == (TM)) {                                          \
+    launch_kernel(router_gemm_dot_kernel<__nv_bfloat16, TN, TM>, grid, block, c.split_k, stream, \
+                  args);                                                               \
+    return;                                                                            \
   }
   MK_ROUTER_GEMM_DOT_VARIANTS(MK_ROUTER_GEMM_DOT_CASE_)
 #undef MK_ROUTER_GEMM_DOT_CASE_
