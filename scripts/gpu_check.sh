@@ -8,14 +8,15 @@
 #   bench_router.jsonl `moekit bench router-gemm --json`, one per model
 #   tuning_sm90.json, sm90.inc   the tuner's table (commit sm90.inc as tuning/sm90.inc)
 #   deepseek-v3_sweep.png        the batch sweep, fused vs unfused vs floor
-# Stages: STAGES="build test sanitize bench tune" (default all). A failing stage is recorded and
+# Stages: STAGES="build test sanitize tune router layer" (default all; router and layer are the
+# router GEMM and MoE layer benchmarks). A failing stage is recorded and
 # the script goes on, so one call returns everything there is to learn.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
-STAGES="${STAGES:-build test sanitize bench tune}"
+STAGES="${STAGES:-build test sanitize tune router layer}"
 BUILD="${MOEKIT_BUILD_DIR:-build-gpu}"
 BENCH_MODELS="${BENCH_MODELS:-deepseek-v3 qwen3-30b-a3b kimi-k2 minimax-m2 qwen2-57b-a14b gpt-oss-120b}"
 BENCH_BATCHES="${BENCH_BATCHES:-1,2,4,8,16,32,64,128,256}"
@@ -82,12 +83,15 @@ if has_stage tune && [ -x "$MOEKIT" ]; then
   [ -f "$OUT/tuning_sm90.json" ] && export MOEKIT_TUNING_FILE="$OUT/tuning_sm90.json"
 fi
 
-if has_stage bench && [ -x "$MOEKIT" ]; then
+if has_stage router && [ -x "$MOEKIT" ]; then
   for m in $models_all; do
     timed "router-gemm $m" "$LOGS/bench_router.log" \
       sh -c "'$MOEKIT' bench router-gemm --model $m --json >>'$OUT/bench_router.jsonl'"
   done
   "$MOEKIT" bench router-gemm --model deepseek-v3 >>"$summary" 2>>"$LOGS/bench_router.log"
+fi
+
+if has_stage layer && [ -x "$MOEKIT" ]; then
   for m in $BENCH_MODELS; do
     timed "bench $m" "$LOGS/bench_layer.log" \
       sh -c "'$MOEKIT' bench --device cuda --model $m --batch $BENCH_BATCHES --json >>'$OUT/bench_layer.jsonl'"

@@ -141,15 +141,16 @@ std::vector<RouterGemmConfig> router_gemm_candidates(DType weight_dtype, int k, 
   // why bf16 M <= 64 only: past that the dot kernel re-reads the weights M / 8 times (from L2)
   // where split-K's tensor cores read them once per 32 tokens; fp32 weights have no mma path.
 // Split dot (K over a cluster of 2..8 CTAs): why M <= 16 only: it exists for latency at decode,
-// where one CTA per column tile leaves ~1 CTA per SM; why split * block * 8 <= K: every thread
-// of every CTA gets at least one 16-byte vector, else the split only adds CTAs that wait; why
+// where one CTA per column tile leaves ~1 CTA per SM; why split * block * 4 <= K: at least half
+// the threads of every CTA get a 16-byte vector (8 elements), else the split only adds idle
+// CTAs (DeepSeek-V3's K = 7168 still takes split 8 at block 128); why
 // block >= 128: 64-thread CTAs split further would hit the SM's CTA limit before filling it
 // (and keep the tuner's run time in bounds).
 #define MK_ROUTER_GEMM_DOT_CAND_(TN, TM)                                                 \
   if ((TM) <= m_pow2 && (weight_dtype == DType::F32 || m <= 64)) {                       \
     for (int block : {64, 128, 256}) {                                                   \
       for (int split : {1, 2, 4, 8}) {                                                   \
-        if (split == 1 || (m <= 16 && block >= 128 && split * block * 8LL <= k))         \
+        if (split == 1 || (m <= 16 && block >= 128 && split * block * 4LL <= k))         \
           add({RouterGemmBackend::Dot, block, TN, TM, split});                           \
       }                                                                                  \
     }                                                                                    \

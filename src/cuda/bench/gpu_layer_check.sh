@@ -70,9 +70,17 @@ log "benchmarks"
   > "$OUT/bench_deepseek-v3.json" 2> "$OUT/bench_deepseek-v3.err" || status=1
 "$B" bench --device cuda --model qwen3-30b-a3b --batch 1,32,128 --json \
   > "$OUT/bench_qwen3-30b-a3b.json" 2> "$OUT/bench_qwen3-30b-a3b.err" || status=1
-MOEKIT_EXPERTS_KERNEL=ring "$B" bench --device cuda --model deepseek-v3 --batch 1,2,8,32,128 --json \
-  > "$OUT/bench_deepseek-v3_ring.json" 2> "$OUT/bench_deepseek-v3_ring.err" || status=1
+# A/B of the expert kernels: regs-early is the previous default (activations loaded with the
+# weights, kUnroll 3)
+MOEKIT_EXPERTS_KERNEL=regs-early "$B" bench --device cuda --model deepseek-v3 \
+  --batch 1,2,8,32,128 --json \
+  > "$OUT/bench_deepseek-v3_regs-early.json" 2> "$OUT/bench_deepseek-v3_regs-early.err" || status=1
+MOEKIT_EXPERTS_KERNEL=regs-early "$B" bench --device cuda --model qwen3-30b-a3b --batch 1,32,128 \
+  --json > "$OUT/bench_qwen3-30b-a3b_regs-early.json" \
+  2> "$OUT/bench_qwen3-30b-a3b_regs-early.err" || status=1
 if [ "${1:-}" != "quick" ]; then
+  MOEKIT_EXPERTS_KERNEL=ring "$B" bench --device cuda --model deepseek-v3 --batch 1,32 --json \
+    > "$OUT/bench_deepseek-v3_ring.json" 2> "$OUT/bench_deepseek-v3_ring.err" || status=1
   MOEKIT_PDL=0 "$B" bench --device cuda --model deepseek-v3 --batch 1,32 --json \
     > "$OUT/bench_deepseek-v3_nopdl.json" 2> "$OUT/bench_deepseek-v3_nopdl.err" || status=1
   MOEKIT_EXPERTS_CHUNK=16 "$B" bench --device cuda --model deepseek-v3 --batch 32,128 --json \

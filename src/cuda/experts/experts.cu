@@ -1,15 +1,23 @@
 // Launch code of the grouped expert kernels (experts_kernel.cuh): the variant table, the
-// persistent grid size, the launch. Six instantiations in all (CI compiles on two cores).
+// persistent grid size, the launch. Eleven instantiations in all (CI compiles on two cores).
 //
-// Variants (kNT n-tiles of 8 tokens per task, kUnroll k blocks in flight per warp); both are
-// spill-free at 2 CTAs of 256 threads per SM (128 registers):
-//   chunk 8:  kNT = 1, kUnroll = 3  -> 192 B of weights in flight per thread, 96 KB per SM
-//   chunk 16: kNT = 2, kUnroll = 2  (the second n-tile's activation fragments take registers)
+// Variants (kNT n-tiles of 8 tokens per task, kUnroll k blocks in flight per warp, where the
+// activation fragments are loaded); all are spill-free at 2 CTAs of 256 threads per SM (128
+// registers, ptxas -v, CUDA 13):
+//   default (regs): activation fragments loaded right before their mma (kLateActs), so the
+//     registers hold weights only:
+//     chunk 8:  gate/up kUnroll 5 (320 B of weights in flight per thread, 160 KB per SM),
+//               down kUnroll 4 (256 B, 128 KB per SM); down with K <= 1024: 4-warp CTAs,
+//               4 per SM (one round of 4 warps covers K)
+//     chunk 16: kNT = 2, kUnroll 3 (192 B, 96 KB per SM)
+//   regs-early (the previous default, kept to A/B on the GPU): activations loaded with the
+//     weights: chunk 8 kNT 1 kUnroll 3 (96 KB per SM), chunk 16 kNT 2 kUnroll 2.
+//   ring: experts_ring_kernel.cuh, chunk 8 only (measured slower everywhere; opt-in).
 // Default: chunk 8 up to 256 tokens. At decode an expert rarely holds more than 8 tokens (DeepSeek-V3
 // at T=128 averages 4), and the shared expert's extra chunks are adjacent work items that run
 // side by side, so its weights come from L2 after the first chunk. MOEKIT_EXPERTS_CHUNK=8|16
-// overrides (read once, for measurements). MOEKIT_EXPERTS_KERNEL=ring selects the cp.async ring
-// variant (experts_ring_kernel.cuh, chunk 8; chunk 16 stays on registers) at layer creation.
+// overrides (read once, for measurements). MOEKIT_EXPERTS_KERNEL=regs|regs-early|ring selects
+// the variant at layer creation.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -34,19 +42,52 @@ constexpr int kRingSmem = experts_detail::ring_smem_bytes<kRingStages>();
 
 using KernelFn = void (*)(ExpertsParams);
 
+// A kernel and its block size.
+struct Variant {
+  KernelFn fn;
+  int threads;
+};
+
 int smem_bytes(ExpertsStream stream_kind) {
   return stream_kind == ExpertsStream::Ring ? kRingSmem : 0;
 }
 
-KernelFn kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind) {
+// Largest reduction length (in 64-wide k blocks) the 4-warp down variant covers in one round.
+constexpr int kDown4MaxBlocks = 4 * 4;
+
+// k: the reduction length of the launch (H for gate/up, the expert width for down).
+Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) {
   const bool gate_up = kind == ExpertsKind::GateUp;
-  if (stream_kind == ExpertsStream::Ring) {
-    MK_CHECK(chunk == 8, "the cp.async ring expert kernel takes chunk 8, got " << chunk);
-    return gate_up ? experts_ring_kernel<true, kRingStages> : experts_ring_kernel<false, kRingStages>;
+  MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
+                                          << " (expected 8 or 16)");
+  switch (stream_kind) {
+    case ExpertsStream::Ring:
+      MK_CHECK(chunk == 8, "the cp.async ring expert kernel takes chunk 8, got " << chunk);
+      return {gate_up ? experts_ring_kernel<true, kRingStages>
+                      : experts_ring_kernel<false, kRingStages>,
+              kThreads};
+    case ExpertsStream::RegistersEarlyActs:
+      if (chunk == 8) {
+        return {gate_up ? experts_kernel<true, 1, 3, false> : experts_kernel<false, 1, 3, false>,
+                kThreads};
+      }
+      return {gate_up ? experts_kernel<true, 2, 2, false> : experts_kernel<false, 2, 2, false>,
+              kThreads};
+    default:
+      // gate/up kUnroll 5: DeepSeek-V3 K=7168 is 112 blocks = 3 rounds of 40 (kUnroll 3: 5
+      // rounds); down kUnroll 4: K=2048 is 32 blocks = one round on all 8 warps (3: two rounds,
+      // the second on 3 warps); a down K of <= 16 blocks (Qwen3-30B: 12) is one round of 4
+      // warps, so 4-warp CTAs, 4 per SM: twice the items in flight, no idle warps
+      if (chunk == 8) {
+        if (gate_up) return {experts_kernel<true, 1, 5, true>, kThreads};
+        if (k / experts_detail::kBlockK <= kDown4MaxBlocks) {
+          return {experts_kernel<false, 1, 4, true, 4>, 4 * 32};
+        }
+        return {experts_kernel<false, 1, 4, true>, kThreads};
+      }
+      return {gate_up ? experts_kernel<true, 2, 3, true> : experts_kernel<false, 2, 3, true>,
+              kThreads};
   }
-  if (chunk == 8) return gate_up ? experts_kernel<true, 1, 3> : experts_kernel<false, 1, 3>;
-  if (chunk == 16) return gate_up ? experts_kernel<true, 2, 2> : experts_kernel<false, 2, 2>;
-  MK_FAIL("no expert kernel for chunk " << chunk << " (expected 8 or 16)");
 }
 
 }  // namespace
@@ -68,28 +109,29 @@ ExpertsStream experts_stream_from_env() {
   if (v == nullptr || v[0] == '\0') return ExpertsStream::Registers;
   const std::string s(v);
   if (s == "regs") return ExpertsStream::Registers;
+  if (s == "regs-early") return ExpertsStream::RegistersEarlyActs;
   if (s == "ring") return ExpertsStream::Ring;
-  MK_FAIL("MOEKIT_EXPERTS_KERNEL='" << s << "' (expected regs or ring)");
+  MK_FAIL("MOEKIT_EXPERTS_KERNEL='" << s << "' (expected regs, regs-early or ring)");
 }
 
-int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind) {
+int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) {
   int device = 0, sms = 0, per_sm = 0;
   MK_CUDA_CHECK(cudaGetDevice(&device));
   MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const KernelFn fn = kernel_for(kind, chunk, stream_kind);
+  const Variant v = kernel_for(kind, chunk, stream_kind, k);
   const int smem = smem_bytes(stream_kind);
   if (smem > 48 * 1024) {
-    MK_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    MK_CUDA_CHECK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem));
+  MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.fn, v.threads, smem));
   MK_CHECK(per_sm > 0, "expert kernel (chunk " << chunk << ") cannot be resident on this device");
   return sms * per_sm;
 }
 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
-  launch_pdl(kernel_for(kind, chunk, stream_kind), dim3(grid), dim3(kThreads),
-             smem_bytes(stream_kind), stream, p);
+  const Variant v = kernel_for(kind, chunk, stream_kind, p.k);
+  launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind), stream, p);
 }
 
 }  // namespace moekit::cuda

@@ -49,19 +49,25 @@ struct ExpertsParams {
 // Kernel variants: gate/up or down; tokens per task (chunk 8 or 16); how weights are streamed.
 enum class ExpertsKind { GateUp, Down };
 enum class ExpertsStream {
-  Registers,  // experts_kernel.cuh: kUnroll k blocks per warp in registers, dynamic work items
-  Ring,       // experts_ring_kernel.cuh: per-thread cp.async ring in shared memory (chunk 8 only)
+  Registers,           // experts_kernel.cuh: kUnroll k blocks of weights per warp in registers,
+                       // activations loaded right before their mma, dynamic work items
+  RegistersEarlyActs,  // the same kernel, activations loaded with the weights (fewer weights
+                       // in flight; the previous default, for A/B)
+  Ring,                // experts_ring_kernel.cuh: per-thread cp.async ring in shared memory
+                       // (chunk 8 only; slower on the H200, opt-in)
 };
 
 // Tokens per task (8 or 16) for `tokens` tokens per forward: the dispatch's chunk and the variant.
 // MOEKIT_EXPERTS_CHUNK=8|16 overrides.
 int experts_chunk(int tokens);
-// The streaming variant: MOEKIT_EXPERTS_KERNEL=regs|ring, read at each call (layers read it once,
-// at creation); default registers.
+// The streaming variant: MOEKIT_EXPERTS_KERNEL=regs|regs-early|ring, read at each call (layers
+// read it once, at creation); default registers.
 ExpertsStream experts_stream_from_env();
 // Persistent grid size (SMs x resident CTAs) of a variant on the current device; also raises the
-// variant's dynamic shared-memory limit.
-int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind);
+// variant's dynamic shared-memory limit. k: the reduction length the launches will have (the
+// variant, and its CTAs per SM, depend on it); launch_experts picks the variant from p.k, and
+// any grid size is correct (work items are taken dynamically), a mismatched one only slower.
+int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k);
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream);
 

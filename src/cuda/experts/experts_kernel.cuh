@@ -157,25 +157,34 @@ __device__ __forceinline__ void load_acts(const ItemContext<kNT>& c, int kb0, in
   }
 }
 
-template <int kNT, int kUnroll>
+// kLateActs: only the weights (the activation fragments are loaded right before their mma).
+template <int kNT, int kUnroll, bool kLateActs, int kBU>
 __device__ __forceinline__ void load_blocks(const ItemContext<kNT>& c, int kb0, int nkb, int t,
-                                            uint4 (&a)[kUnroll][4], uint4 (&b)[kUnroll][kNT][2]) {
+                                            uint4 (&a)[kUnroll][4], uint4 (&b)[kBU][kNT][2]) {
   load_weights<kNT, kUnroll>(c, kb0, nkb, t, a);
-  load_acts<kNT, kUnroll>(c, kb0, nkb, t, b);
+  if constexpr (!kLateActs) load_acts<kNT, kUnroll>(c, kb0, nkb, t, b);
 }
 
 // kGateUp: gate/up + activation, else down (+ combine). kNT: n-tiles of 8 tokens per task.
 // kUnroll: k blocks each warp loads before computing.
+// kLateActs: the activation fragments (x or h rows: a few KB per token, L1/L2-resident, shared
+// by every tile of the task) are loaded right before their mma instead of with the weights, so
+// their registers (8 per block and n-tile) go to weights: kUnroll = 4 fits 128 registers without
+// spills (4 x 64 B of weights in flight per thread, 128 KB per SM instead of 96 KB), at the
+// cost of an L1-hit latency per run of blocks.
 //
 // Pipelining across items: the next item's index is fetched while the current one streams, and
 // its first kUnroll blocks are loaded before the current item's reduction and epilogue, so a
 // CTA keeps weight bytes in flight through its epilogues.
-template <bool kGateUp, int kNT, int kUnroll>
-__global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParams p) {
+// kW: warps per CTA (8, or 4 at 4 CTAs per SM for a K that one round of 4 warps covers: the
+// small-K down items keep all warps loading and twice as many items in flight per SM).
+template <bool kGateUp, int kNT, int kUnroll, bool kLateActs, int kW = kWarps>
+__global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const ExpertsParams p) {
   static_assert(kNT >= 1 && kNT <= 4, "kNT: 1..4 n-tiles of 8 tokens");
   static_assert(kUnroll >= 1 && kUnroll <= 8, "kUnroll: 1..8 k blocks in flight per warp");
+  static_assert(kW == 4 || kW == 8, "kW: 4 or 8 warps");
   constexpr int kTileRows = kGateUp ? 8 : 16;
-  __shared__ float red[kWarps][kNT * 4][32];
+  __shared__ float red[kW][kNT * 4][32];
   __shared__ int s_item[2];
   __shared__ int s_last;
 
@@ -198,11 +207,12 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
     return;
   }
   ItemContext<kNT> ctx = item_context<kGateUp, kNT>(p, item, num_tasks, g);
+  constexpr int kBU = kLateActs ? 1 : kUnroll;  // activation blocks held in registers
   uint4 a[kUnroll][4];
-  uint4 b[kUnroll][kNT][2];
+  uint4 b[kBU][kNT][2];
   load_weights<kNT, kUnroll>(ctx, kb_first, nkb, t, a);
   if constexpr (!kGateUp) pdl_wait();
-  load_acts<kNT, kUnroll>(ctx, kb_first, nkb, t, b);
+  if constexpr (!kLateActs) load_acts<kNT, kUnroll>(ctx, kb_first, nkb, t, b);
 
   for (int parity = 0;; parity ^= 1) {
     // the next item's index, published by the barrier after the main loop
@@ -213,18 +223,19 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
     for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
     // main loop: compute on the loaded blocks, then load this warp's next run of blocks
-    for (int kb0 = kb_first; kb0 < nkb; kb0 += kWarps * kUnroll) {
+    for (int kb0 = kb_first; kb0 < nkb; kb0 += kW * kUnroll) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (kb0 + u < nkb) {
+          if constexpr (kLateActs) load_acts<kNT, 1>(ctx, kb0 + u, nkb, t, b);
 #pragma unroll
           for (int j = 0; j < kNT; ++j) {
-            if (j < ctx.ntiles) mma_block(acc[j], a[u], b[u][j]);
+            if (j < ctx.ntiles) mma_block(acc[j], a[u], b[kLateActs ? 0 : u][j]);
           }
         }
       }
-      if (kb0 + kWarps * kUnroll < nkb) {
-        load_blocks<kNT, kUnroll>(ctx, kb0 + kWarps * kUnroll, nkb, t, a, b);
+      if (kb0 + kW * kUnroll < nkb) {
+        load_blocks<kNT, kUnroll, kLateActs>(ctx, kb0 + kW * kUnroll, nkb, t, a, b);
       }
     }
 
@@ -236,12 +247,14 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
     __syncthreads();
 
     // prefetch: the next item's first blocks go out before this item's epilogue (warps 1-7) or
-    // right after it (warp 0, whose epilogue needs the registers the loads would occupy)
+    // right after it (warp 0, whose epilogue needs the registers the loads would occupy); in
+    // down mode also before the combine's threadfence, tile-counter round trip and sums, so the
+    // CTA keeps weight bytes in flight through them (small-K down items are one load round)
     const int next = s_item[parity ^ 1];
     ItemContext<kNT> next_ctx;
     if (next < total) next_ctx = item_context<kGateUp, kNT>(p, next, num_tasks, g);
-    if (kGateUp && warp != 0 && next < total) {
-      load_blocks<kNT, kUnroll>(next_ctx, kb_first, nkb, t, a, b);
+    if (warp != 0 && next < total) {
+      load_blocks<kNT, kUnroll, kLateActs>(next_ctx, kb_first, nkb, t, a, b);
     }
 
     // reduce across the warps that split K, in warp order; epilogue on warp 0
@@ -252,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
         for (int r = 0; r < 4; ++r) {
           float s = 0.0f;
 #pragma unroll
-          for (int w = 0; w < kWarps; ++w) s += red[w][j * 4 + r][lane];
+          for (int w = 0; w < kW; ++w) s += red[w][j * 4 + r][lane];
           acc[j][r] = s;
         }
       }
@@ -288,7 +301,7 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
           }
         }
       }
-      if (kGateUp && next < total) load_blocks<kNT, kUnroll>(next_ctx, kb_first, nkb, t, a, b);
+      if (next < total) load_blocks<kNT, kUnroll, kLateActs>(next_ctx, kb_first, nkb, t, a, b);
     }
 
     if constexpr (!kGateUp) {
@@ -303,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
         if (s_last) {
           __threadfence();
           const int r0 = ctx.r0;
-          for (int i = threadIdx.x; i < p.tokens * kTileRows; i += kThreads) {
+          for (int i = threadIdx.x; i < p.tokens * kTileRows; i += kW * 32) {
             const int tok = i / kTileRows;
             const int r = r0 + (i - tok * kTileRows);
             float y = 0.0f;
@@ -320,7 +333,6 @@ __global__ void __launch_bounds__(kThreads, 2) experts_kernel(const ExpertsParam
           if (threadIdx.x == 0) p.tile_counters[ctx.tile] = 0;
         }
       }
-      if (next < total) load_blocks<kNT, kUnroll>(next_ctx, kb_first, nkb, t, a, b);
     }
     __syncthreads();  // red and s_item are reused by the next item
     if (next >= total) break;

@@ -306,15 +306,16 @@ struct GpuMoeLayer::Impl {
     stream_kind = experts_stream_from_env();
     const int chunks[2] = {8, 16};
     for (int c = 0; c < 2; ++c) {
-      grid[0][c] = experts_grid(ExpertsKind::GateUp, chunks[c], kind_for(chunks[c]));
-      grid[1][c] = experts_grid(ExpertsKind::Down, chunks[c], kind_for(chunks[c]));
+      grid[0][c] = experts_grid(ExpertsKind::GateUp, chunks[c], kind_for(chunks[c]), H);
+      grid[1][c] = experts_grid(ExpertsKind::Down, chunks[c], kind_for(chunks[c]), I);
     }
     warm_up_router_gemm(spec, opt.max_tokens, stream);
   }
 
   // The ring variant exists for chunk 8 only.
   ExpertsStream kind_for(int chunk) const {
-    return chunk == 8 ? stream_kind : ExpertsStream::Registers;
+    return chunk == 8 || stream_kind != ExpertsStream::Ring ? stream_kind
+                                                            : ExpertsStream::Registers;
   }
 
   bool resolve_fused(FuseShared fuse, int /*tokens*/) const {

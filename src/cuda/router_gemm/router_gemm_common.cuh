@@ -59,9 +59,17 @@ __device__ __forceinline__ uint4 load_stream_16(const void* p) {
   return r;
 }
 
-// 16-byte load of data many CTAs read (activations): cached.
+// 16-byte load of data many CTAs read (activations): cached in L1 and L2. why not __ldg / .nc:
+// x is written by the kernel before ours, and the compiler treats .nc loads as invariant and
+// hoisted them above griddepcontrol.wait (seen in the SASS: LDG.CONSTANT of x before ACQBULK),
+// which under PDL could read x before the previous kernel wrote it. A volatile asm plain load
+// stays after the wait (volatile asm statements keep their order).
 __device__ __forceinline__ uint4 load_16(const void* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
+  uint4 r;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {

@@ -2,8 +2,12 @@
 // DESIGN.md §1, with the fused shared slots appended (§2); the CTA that finishes last then runs
 // the dispatch (align.cuh) in the same launch, so decode needs no separate align kernel.
 //
-// Grid: ceil(T / kRoutingWarps) CTAs of kRoutingWarps warps; one warp per token. Lane l holds
-// experts l, l+32, ... (at most kPerLane = 16 of them, so E <= 512) as fp32 score and key.
+// Grid: ceil(T / 16) CTAs of min(16, max(T, 4)) warps; one warp per token (a grid of one CTA
+// for T <= 16 is sized to the batch: no idle warps to launch, >= 4 warps for the dispatch). Lane l
+// holds experts l, l+32, ... as fp32 score and key: kPer = 4, 8 or 16 of them (E <= 128, 256,
+// 512), a template parameter, so E=128 runs a quarter of the E=512 selection loop; the kernel is
+// latency-bound (one warp per token, its code fetched cold after the expert kernels stream the
+// weights through L2), so executed instructions are its time.
 //
 //   score   softmax over the row (warp max / sum) | sigmoid | sqrt(softplus) | the logit itself
 //   key     score (+ correction bias)                                          selection only
@@ -33,7 +37,7 @@ namespace moekit::cuda::routing_detail {
 
 constexpr int kRoutingWarps = 16;
 constexpr int kRoutingThreads = kRoutingWarps * 32;
-constexpr int kPerLane = kRoutingMaxExperts / 32;
+constexpr int kPerLane = kRoutingMaxExperts / 32;  // the largest kPer
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -82,41 +86,49 @@ __device__ __forceinline__ float score_of(Scoring scoring, float logit) {
 }
 
 // One token on one warp: writes ids/weights of `token` (and its shared slots / scale).
-__device__ __forceinline__ void route_token(const RoutingParams& p, int token, int lane) {
+template <int kPer>
+// Every warp of the CTA runs this (warps past the batch on the last token, writing nothing), so
+// the warp shuffles sit in uniform control flow: called under `if (token < T)` they compiled to
+// divergent-collective fallbacks that doubled the code. The runtime-bound loops are not unrolled:
+// the kernel is fetched cold (the expert kernels stream the weights through L2 between layers),
+// so its code size, not its instruction count, sets its time.
+__device__ __forceinline__ void route_token(const RoutingParams& p, int token, int lane,
+                                            bool write) {
+  static_assert(kPer >= 1 && kPer <= kPerLane, "kPer: experts per lane, 1..16");
   const RoutingConfig& cfg = p.cfg;
   const int num_e = cfg.num_experts;
   const int slots = cfg.top_k + cfg.shared_slots;
   const float* row = p.logits + static_cast<size_t>(token) * cfg.logits_columns;
 
   // scores and keys
-  float score[kPerLane];
-  float key[kPerLane];
+  float score[kPer];
+  float key[kPer];
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
+  for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
     score[i] = e < num_e ? row[e] : neg_inf();
   }
   if (cfg.scoring == Scoring::Softmax) {
     float mx = neg_inf();
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) mx = fmaxf(mx, score[i]);
+    for (int i = 0; i < kPer; ++i) mx = fmaxf(mx, score[i]);
     mx = warp_max(mx);
     float sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
+    for (int i = 0; i < kPer; ++i) {
       const int e = lane + 32 * i;
       score[i] = e < num_e ? expf(score[i] - mx) : 0.0f;
       sum += score[i];
     }
     sum = warp_sum(sum);
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) score[i] = score[i] / sum;
+    for (int i = 0; i < kPer; ++i) score[i] = score[i] / sum;
   } else if (cfg.scoring != Scoring::SoftmaxOfTopk) {
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) score[i] = score_of(cfg.scoring, score[i]);
+    for (int i = 0; i < kPer; ++i) score[i] = score_of(cfg.scoring, score[i]);
   }
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
+  for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
     float k = score[i];
     if (cfg.has_correction_bias && e < num_e) k += p.correction_bias[e];
@@ -126,13 +138,19 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
   // grouped top-k: keep the topk_group best groups, -inf the rest
   if (cfg.n_group > 1) {
     const int per_group = num_e / cfg.n_group;
+    int group[kPer];  // one division per element, not one per element and group
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + 32 * i;
+      group[i] = e < num_e ? e / per_group : -1;
+    }
     float my_group_score = neg_inf();  // lane g holds group g's score
+    #pragma unroll 1
     for (int g = 0; g < cfg.n_group; ++g) {
       float t1 = neg_inf(), t2 = neg_inf();
 #pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int e = lane + 32 * i;
-        if (e < num_e && e / per_group == g) {
+      for (int i = 0; i < kPer; ++i) {
+        if (group[i] == g) {
           const float v = key[i];
           if (v > t1) {
             t2 = t1;
@@ -156,6 +174,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
     }
     uint32_t kept = 0;
     uint32_t taken_groups = 0;
+    #pragma unroll 1
     for (int j = 0; j < cfg.topk_group; ++j) {
       float k = (lane < cfg.n_group && !((taken_groups >> lane) & 1u)) ? my_group_score : neg_inf();
       int id = (lane < cfg.n_group && !((taken_groups >> lane) & 1u)) ? lane : 0x7fffffff;
@@ -165,9 +184,8 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
       kept |= 1u << id;
     }
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < num_e && !((kept >> (e / per_group)) & 1u)) key[i] = neg_inf();
+    for (int i = 0; i < kPer; ++i) {
+      if (group[i] >= 0 && !((kept >> group[i]) & 1u)) key[i] = neg_inf();
     }
   }
 
@@ -175,12 +193,13 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
   uint32_t taken = 0;
   int my_id = 0;
   float my_score = 0.0f;
+  #pragma unroll 1
   for (int j = 0; j < cfg.top_k; ++j) {
     float best_k = neg_inf();
     int best_id = 0x7fffffff;
     float best_s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
+    for (int i = 0; i < kPer; ++i) {
       const int e = lane + 32 * i;
       if (e < num_e && !((taken >> i) & 1u) && key_before(key[i], e, best_k, best_id)) {
         best_k = key[i];
@@ -203,11 +222,13 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
     const float top = __shfl_sync(0xffffffffu, my_score, 0);  // pick 0 has the largest logit
     w = is_pick ? expf(my_score - top) : 0.0f;
     float denom = 0.0f;
+    #pragma unroll 1
     for (int j = 0; j < cfg.top_k; ++j) denom += __shfl_sync(0xffffffffu, w, j);
     w = w / denom;
   }
   if (cfg.renormalize) {
     float sum = 0.0f;
+    #pragma unroll 1
     for (int j = 0; j < cfg.top_k; ++j) sum += __shfl_sync(0xffffffffu, w, j);
     w = w / (sum + 1e-20f);
   }
@@ -215,6 +236,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
 
   int32_t* ids = p.ids + static_cast<size_t>(token) * slots;
   float* weights = p.weights + static_cast<size_t>(token) * slots;
+  if (!write) return;
   if (is_pick) {
     ids[lane] = my_id;
     weights[lane] = w;
@@ -230,6 +252,8 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
   }
 }
 
+// blockDim.x: a multiple of 32, at most kRoutingThreads; a multi-CTA grid uses kRoutingThreads.
+template <int kPer>
 __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingParams p) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -238,7 +262,7 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   // become resident now and wait for our completion
   pdl_wait();
   pdl_launch_dependents();
-  if (token < p.tokens) route_token(p, token, lane);
+  route_token<kPer>(p, token < p.tokens ? token : p.tokens - 1, lane, token < p.tokens);
 
   // The last CTA to finish sees every token's ids and builds the dispatch lists. A grid of one
   // CTA (T <= 16) is its own last CTA: no counter round trip.
