@@ -49,7 +49,7 @@ __device__ __forceinline__ void block_exclusive_scan2(int a, int b, int& pa, int
   }
   __syncthreads();
   int base_a = 0, base_b = 0, all_a = 0, all_b = 0;
-  #pragma unroll 1
+#pragma unroll 1
   for (int w = 0; w < nwarps; ++w) {
     if (w < warp) {
       base_a += warp_a[w];
@@ -74,10 +74,10 @@ __device__ __forceinline__ void align_block(const RoutingParams& p) {
   const int pairs = p.tokens * slots;
   const int chunk = p.chunk;
 
-  #pragma unroll 1
+#pragma unroll 1
   for (int e = tid; e < rows; e += nthreads) counts[e] = 0;
   __syncthreads();
-  #pragma unroll 1
+#pragma unroll 1
   for (int q = tid; q < pairs; q += nthreads) {
     const int e = __ldcg(p.ids + q);
     if (e >= 0 && e < rows) {
@@ -92,18 +92,18 @@ __device__ __forceinline__ void align_block(const RoutingParams& p) {
   const int per = (rows + nthreads - 1) / nthreads;
   const int e0 = min(tid * per, rows), e1 = min(e0 + per, rows);
   int my_pairs = 0, my_tasks = 0;
-  #pragma unroll 1
+#pragma unroll 1
   for (int e = e0; e < e1; ++e) {
     my_pairs += counts[e];
     my_tasks += (counts[e] + chunk - 1) / chunk;
   }
   int pair_base, task_base, total_pairs, total_tasks;
   block_exclusive_scan2(my_pairs, my_tasks, pair_base, task_base, total_pairs, total_tasks);
-  #pragma unroll 1
+#pragma unroll 1
   for (int e = e0; e < e1; ++e) {
     const int n = counts[e];
     cursor[e] = pair_base;
-    #pragma unroll 1
+#pragma unroll 1
     for (int c = 0; c * chunk < n; ++c) {
       p.tasks[task_base++] = ExpertTask{e, pair_base + c * chunk, min(chunk, n - c * chunk), 0};
     }
@@ -111,7 +111,7 @@ __device__ __forceinline__ void align_block(const RoutingParams& p) {
   }
   __syncthreads();
 
-  #pragma unroll 1
+#pragma unroll 1
   for (int q = tid; q < pairs; q += nthreads) {
     const int e = __ldcg(p.ids + q);
     if (e >= 0 && e < rows) p.pair_list[atomicAdd(&cursor[e], 1)] = q;
@@ -119,12 +119,12 @@ __device__ __forceinline__ void align_block(const RoutingParams& p) {
 
   const int shared_chunks = (p.tokens + chunk - 1) / chunk;
   if (p.shared_tasks != nullptr) {
-    #pragma unroll 1
+#pragma unroll 1
     for (int c = tid; c < shared_chunks; c += nthreads) {
       p.shared_tasks[c] = ExpertTask{0, c * chunk, min(chunk, p.tokens - c * chunk), 0};
     }
   }
-  #pragma unroll 1
+#pragma unroll 1
   for (int i = tid; i < p.num_tile_counters; i += nthreads) p.tile_counters[i] = 0;
   if (tid == 0) {
     p.counters->num_tasks = total_tasks;

@@ -13,8 +13,8 @@
 //   regs-early (the previous default, kept to A/B on the GPU): activations loaded with the
 //     weights: chunk 8 kNT 1 kUnroll 3 (96 KB per SM), chunk 16 kNT 2 kUnroll 2.
 //   ring: experts_ring_kernel.cuh, chunk 8 only (measured slower everywhere; opt-in).
-// Default: chunk 8 up to 256 tokens. At decode an expert rarely holds more than 8 tokens (DeepSeek-V3
-// at T=128 averages 4), and the shared expert's extra chunks are adjacent work items that run
+// Default: chunk 8 up to 256 tokens. At decode an expert rarely holds more than 8 tokens
+// (DeepSeek-V3 at T=128 averages 4), and the shared expert's extra chunks are adjacent work items that run
 // side by side, so its weights come from L2 after the first chunk. MOEKIT_EXPERTS_CHUNK=8|16
 // overrides (read once, for measurements). MOEKIT_EXPERTS_KERNEL=regs|regs-early|ring selects
 // the variant at layer creation.

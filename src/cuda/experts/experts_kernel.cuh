@@ -5,11 +5,11 @@
 // (zeroed by the dispatch), item -> tile = item / num_tasks, task = item % num_tasks, so the
 // tasks sharing a tile run side by side and one expert's token chunks hit L2 together.
 //
-// One CTA = 8 warps on ONE m16 tile of weight rows; the warps split K in runs of kUnroll blocks
-// of 64 (warp w takes blocks [wU, wU+U), [8U+wU, ...)), then reduce through shared memory in warp
-// order (deterministic). "Swap AB": the weights are the M side of mma.m16n8k16 (bf16 in, fp32
-// accumulate), the tokens the N side, so at T=1 each weight element is loaded once and used once
-// and the tensor cores are never the limit (<= 1/8 of their rate even at one token per tile).
+// One CTA = 8 (or 4) warps on ONE m16 tile of weight rows; the warps split K in runs of kUnroll
+// blocks of 64 (warp w takes blocks [wU, wU+U), [8U+wU, ...)), then reduce through shared memory
+// in warp order (deterministic). "Swap AB": the weights are the M side of mma.m16n8k16 (bf16 in,
+// fp32 accumulate), the tokens the N side, so at T=1 each weight element is loaded once and used
+// once and the tensor cores are never the limit (<= 1/8 of their rate even at one token per tile).
 //   gate/up tile: rows 0-7 = gate rows r0..r0+7, rows 8-15 = up rows I+r0.., so one thread holds
 //                 gate and up of the same (row, token) and writes h = act(g, u) straight away
 //   down tile:    16 rows of W2 (output columns of y)
@@ -190,16 +190,26 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  if constexpr (kGateUp) pdl_wait();  // the dispatch is the kernel just before
+  if constexpr (kGateUp) {
+    pdl_wait();  // the dispatch is the kernel just before
+    // Let the down kernel's CTAs launch now: they take the SM slots our CTAs free when they run
+    // out of items and stream their first W2 blocks through our tail (they wait for our
+    // completion before reading h). Without this trigger the dependent grid launched only when
+    // every CTA had exited (PTX: launch_dependents or completion of all CTAs), so the tail was
+    // not overlapped. After pdl_wait: the down kernel reads the dispatch before its own wait,
+    // and every CTA of ours passing pdl_wait means the dispatch has completed.
+    pdl_launch_dependents();
+  }
+  // PDL (pdl.cuh): the down kernel reads the dispatch (two launches back) and streams its first
+  // weights while the gate/up kernel drains, and waits only before touching h.
+  // The first item's atomic goes out before the task count is read, so the two L2 round trips
+  // overlap (both are on the critical path from the dispatch to the first weight loads).
+  if (threadIdx.x == 0) s_item[0] = atomicAdd(p.work_counter, 1);
   const int num_tasks = *p.num_tasks;
   const int tiles = p.rows / kTileRows;
   const int total = num_tasks * tiles;
   const int nkb = p.k / kBlockK;
   const int kb_first = warp * kUnroll;
-
-  // PDL (pdl.cuh): the down kernel reads the dispatch (two launches back) and streams its first
-  // weights while the gate/up kernel drains, and waits only before touching h
-  if (threadIdx.x == 0) s_item[0] = atomicAdd(p.work_counter, 1);
   __syncthreads();
   int item = s_item[0];
   if (item >= total) {
@@ -222,7 +232,10 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
 #pragma unroll
     for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-    // main loop: compute on the loaded blocks, then load this warp's next run of blocks
+    // main loop: compute on the loaded blocks, then load this warp's next run of blocks.
+    // kLateActs: rolling instead: block u's registers are refilled with block u of the next run
+    // right after its mma, so the warp's weight loads keep flowing while it waits on the
+    // activation loads of the other blocks (L2 hits when the tokens change from item to item).
     for (int kb0 = kb_first; kb0 < nkb; kb0 += kW * kUnroll) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -233,8 +246,18 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
             if (j < ctx.ntiles) mma_block(acc[j], a[u], b[kLateActs ? 0 : u][j]);
           }
         }
+        if constexpr (kLateActs) {
+          const int kbn = kb0 + kW * kUnroll + u;
+          if (kbn < nkb) {
+            const int off = kbn * kBlockK + 8 * t;
+            a[u][0] = ld_stream(ctx.row_lo + off);
+            a[u][1] = ld_stream(ctx.row_lo + off + 32);
+            a[u][2] = ld_stream(ctx.row_hi + off);
+            a[u][3] = ld_stream(ctx.row_hi + off + 32);
+          }
+        }
       }
-      if (kb0 + kW * kUnroll < nkb) {
+      if (!kLateActs && kb0 + kW * kUnroll < nkb) {
         load_blocks<kNT, kUnroll, kLateActs>(ctx, kb0 + kW * kUnroll, nkb, t, a, b);
       }
     }
@@ -246,7 +269,7 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
     }
     __syncthreads();
 
-    // prefetch: the next item's first blocks go out before this item's epilogue (warps 1-7) or
+    // prefetch: the next item's first blocks go out before this item's epilogue (warps 1..) or
     // right after it (warp 0, whose epilogue needs the registers the loads would occupy); in
     // down mode also before the combine's threadfence, tile-counter round trip and sums, so the
     // CTA keeps weight bytes in flight through them (small-K down items are one load round)
@@ -301,13 +324,15 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
           }
         }
       }
+      // down: only warp 0 wrote partials, so only it fences them before the tile counter, and
+      // before its prefetch, so that the fence does not wait on the next item's loads
+      if (!kGateUp && p.tile_counters != nullptr) __threadfence();
       if (next < total) load_blocks<kNT, kUnroll, kLateActs>(next_ctx, kb_first, nkb, t, a, b);
     }
 
     if constexpr (!kGateUp) {
       if (p.tile_counters != nullptr) {
-        // the last item of this tile combines it, in slot order
-        __threadfence();
+        // the last item of this tile combines it, in slot order (warp 0's partials fenced above)
         __syncthreads();
         if (threadIdx.x == 0) {
           s_last = atomicAdd(p.tile_counters + ctx.tile, 1) == num_tasks - 1;

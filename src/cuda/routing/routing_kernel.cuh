@@ -5,9 +5,9 @@
 // Grid: ceil(T / 16) CTAs of min(16, max(T, 4)) warps; one warp per token (a grid of one CTA
 // for T <= 16 is sized to the batch: no idle warps to launch, >= 4 warps for the dispatch). Lane l
 // holds experts l, l+32, ... as fp32 score and key: kPer = 4, 8 or 16 of them (E <= 128, 256,
-// 512), a template parameter, so E=128 runs a quarter of the E=512 selection loop; the kernel is
-// latency-bound (one warp per token, its code fetched cold after the expert kernels stream the
-// weights through L2), so executed instructions are its time.
+// 512), a template parameter, so E=128 runs a quarter of the E=512 selection loop and its code
+// is a third of the size: the kernel is latency-bound (one warp per token) and its code is
+// fetched cold (the expert kernels stream the weights through L2 between layers).
 //
 //   score   softmax over the row (warp max / sum) | sigmoid | sqrt(softplus) | the logit itself
 //   key     score (+ correction bias)                                          selection only
@@ -86,12 +86,12 @@ __device__ __forceinline__ float score_of(Scoring scoring, float logit) {
 }
 
 // One token on one warp: writes ids/weights of `token` (and its shared slots / scale).
-template <int kPer>
 // Every warp of the CTA runs this (warps past the batch on the last token, writing nothing), so
 // the warp shuffles sit in uniform control flow: called under `if (token < T)` they compiled to
 // divergent-collective fallbacks that doubled the code. The runtime-bound loops are not unrolled:
 // the kernel is fetched cold (the expert kernels stream the weights through L2 between layers),
 // so its code size, not its instruction count, sets its time.
+template <int kPer>
 __device__ __forceinline__ void route_token(const RoutingParams& p, int token, int lane,
                                             bool write) {
   static_assert(kPer >= 1 && kPer <= kPerLane, "kPer: experts per lane, 1..16");
@@ -145,7 +145,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
       group[i] = e < num_e ? e / per_group : -1;
     }
     float my_group_score = neg_inf();  // lane g holds group g's score
-    #pragma unroll 1
+#pragma unroll 1
     for (int g = 0; g < cfg.n_group; ++g) {
       float t1 = neg_inf(), t2 = neg_inf();
 #pragma unroll
@@ -174,7 +174,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
     }
     uint32_t kept = 0;
     uint32_t taken_groups = 0;
-    #pragma unroll 1
+#pragma unroll 1
     for (int j = 0; j < cfg.topk_group; ++j) {
       float k = (lane < cfg.n_group && !((taken_groups >> lane) & 1u)) ? my_group_score : neg_inf();
       int id = (lane < cfg.n_group && !((taken_groups >> lane) & 1u)) ? lane : 0x7fffffff;
@@ -193,7 +193,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
   uint32_t taken = 0;
   int my_id = 0;
   float my_score = 0.0f;
-  #pragma unroll 1
+#pragma unroll 1
   for (int j = 0; j < cfg.top_k; ++j) {
     float best_k = neg_inf();
     int best_id = 0x7fffffff;
@@ -222,13 +222,13 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
     const float top = __shfl_sync(0xffffffffu, my_score, 0);  // pick 0 has the largest logit
     w = is_pick ? expf(my_score - top) : 0.0f;
     float denom = 0.0f;
-    #pragma unroll 1
+#pragma unroll 1
     for (int j = 0; j < cfg.top_k; ++j) denom += __shfl_sync(0xffffffffu, w, j);
     w = w / denom;
   }
   if (cfg.renormalize) {
     float sum = 0.0f;
-    #pragma unroll 1
+#pragma unroll 1
     for (int j = 0; j < cfg.top_k; ++j) sum += __shfl_sync(0xffffffffu, w, j);
     w = w / (sum + 1e-20f);
   }
