@@ -60,9 +60,10 @@ enum class ExpertsStream {
 // Tokens per task (8 or 16) for `tokens` tokens per forward: the dispatch's chunk and the variant.
 // MOEKIT_EXPERTS_CHUNK=8|16 overrides.
 int experts_chunk(int tokens);
-// The streaming variant: MOEKIT_EXPERTS_KERNEL=regs|regs-early|ring, read at each call (layers
-// read it once, at creation); default registers.
-ExpertsStream experts_stream_from_env();
+// The streaming variant for a layer of hidden size `hidden`: MOEKIT_EXPERTS_KERNEL=regs|regs-early|
+// ring when set (read at each call; layers call once, at creation), else the measured default:
+// regs-early for large experts (hidden >= 4096), regs below.
+ExpertsStream experts_stream_for(int hidden);
 // Persistent grid size (SMs x resident CTAs) of a variant on the current device; also raises the
 // variant's dynamic shared-memory limit. k: the reduction length the launches will have (the
 // variant, and its CTAs per SM, depend on it); launch_experts picks the variant from p.k, and

@@ -303,7 +303,7 @@ struct GpuMoeLayer::Impl {
   }
 
   void init_launch_config() {
-    stream_kind = experts_stream_from_env();
+    stream_kind = experts_stream_for(H);
     const int chunks[2] = {8, 16};
     for (int c = 0; c < 2; ++c) {
       grid[0][c] = experts_grid(ExpertsKind::GateUp, chunks[c], kind_for(chunks[c]), H);
@@ -318,7 +318,9 @@ struct GpuMoeLayer::Impl {
                                                             : ExpertsStream::Registers;
   }
 
-  bool resolve_fused(FuseShared fuse, int /*tokens*/) const {
+  static constexpr int kUnfusedFromTokensWithManySlots = 64;
+
+  bool resolve_fused(FuseShared fuse, int tokens) const {
     if (!has_shared) return false;
     switch (fuse) {
       case FuseShared::On:
@@ -329,7 +331,11 @@ struct GpuMoeLayer::Impl {
       case FuseShared::Off:
         return false;
       case FuseShared::Auto:
-        return can_fuse;
+        // Measured on the H200 (bench/results/h200/2026-11-30-run4-layer): one fused slot
+        // (DeepSeek-V3, Kimi-K2) is never slower than unfused, at any batch up to 256; Qwen2-57B's
+        // 8 slots are 2-6% slower from 64 tokens (each slot is split into T/8 tasks that re-read
+        // it), within noise below. So: fuse, except several slots at >= 64 tokens.
+        return can_fuse && !(S > 1 && tokens >= kUnfusedFromTokensWithManySlots);
     }
     return false;
   }
