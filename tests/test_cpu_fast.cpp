@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/random_values.h"
+#include "shrunk_spec.h"
 #include "moekit/cpu_fast.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
@@ -52,43 +53,11 @@ const std::vector<std::string> kFamilies = {
     "glm-5",          "minimax-m2",       "minimax-m3",        "qwen3-30b-a3b", "qwen3-235b-a22b",
     "qwen2-57b-a14b", "mixtral-8x7b",     "gpt-oss-120b"};
 
-std::string read_config(const std::string& model) {
-  std::ifstream in(std::string(MOEKIT_TEST_DATA_DIR) + "/../configs/" + model + ".json");
-  EXPECT_TRUE(in) << "cannot read configs/" << model << ".json";
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// A real config.json scaled down to H = kHidden, E = kExperts, I = kInter; the shared width keeps
-// its number of I-wide slots, groups and top-k are untouched.
 MoeSpec shrunk_spec(const std::string& model, int hidden = kHidden, int inter = kInter,
                     int experts = kExperts) {
-  nlohmann::json top = nlohmann::json::parse(read_config(model));
-  nlohmann::json& c = top.contains("text_config") ? top["text_config"] : top;
-  c["hidden_size"] = hidden;
-  const char* inter_key =
-      c.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size";
-  const int orig_inter = c[inter_key].get<int>();
-  c[inter_key] = inter;
-  for (const char* key : {"n_routed_experts", "num_experts", "num_local_experts"})
-    if (c.contains(key)) c[key] = experts;
-  for (const char* key : {"shared_expert_intermediate_size", "shared_intermediate_size"}) {
-    if (c.contains(key) && c[key].get<int>() > 0) {
-      const int width = c[key].get<int>();
-      EXPECT_EQ(width % orig_inter, 0) << model << " " << key;
-      c[key] = width / orig_inter * inter;
-    }
-  }
-  return parse_spec_json(top.dump(), model + "-shrunk");
+  return test::shrunk_spec(model, hidden, inter, experts);
 }
-
-std::vector<Bf16> random_input(int tokens, int hidden, uint64_t seed, float scale) {
-  std::vector<Bf16> x(static_cast<size_t>(tokens) * hidden);
-  const uint64_t s = stream_key(seed, 0, Tensor::Input, -1);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(scale * uniform(s, i));
-  return x;
-}
+using test::random_input;
 
 // The SIMD configurations to test on this CPU, with a message for each one skipped.
 struct IsaCase {

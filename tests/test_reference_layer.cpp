@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/random_values.h"
+#include "shrunk_spec.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
 #include "moekit/spec.h"
@@ -43,38 +44,10 @@ void expect_error_with(const std::function<void()>& fn, const std::vector<std::s
   ADD_FAILURE() << "expected a moekit::Error";
 }
 
-// A real config.json, scaled down: H = 64, 32 experts, I = 16, the shared width keeping its
-// number of I-wide slots (Qwen2-57B: 8, DeepSeek-V2-Lite: 2). Groups and top-k are untouched.
 MoeSpec shrunk_spec(const std::string& model) {
-  std::ifstream in(std::string(MOEKIT_TEST_DATA_DIR) + "/../configs/" + model + ".json");
-  EXPECT_TRUE(in) << "cannot read configs/" << model << ".json";
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json top = nlohmann::json::parse(text.str());
-  nlohmann::json& c = top.contains("text_config") ? top["text_config"] : top;
-  c["hidden_size"] = kHidden;
-  const char* inter_key =
-      c.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size";
-  const int orig_inter = c[inter_key].get<int>();
-  c[inter_key] = kInter;
-  for (const char* key : {"n_routed_experts", "num_experts", "num_local_experts"})
-    if (c.contains(key)) c[key] = kExperts;
-  for (const char* key : {"shared_expert_intermediate_size", "shared_intermediate_size"}) {
-    if (c.contains(key) && c[key].get<int>() > 0) {
-      const int width = c[key].get<int>();
-      EXPECT_EQ(width % orig_inter, 0) << model << " " << key;
-      c[key] = width / orig_inter * kInter;
-    }
-  }
-  return parse_spec_json(top.dump(), model + "-shrunk");
+  return test::shrunk_spec(model, kHidden, kInter, kExperts);
 }
-
-std::vector<Bf16> random_input(int tokens, int hidden, uint64_t seed, float scale) {
-  std::vector<Bf16> x(static_cast<size_t>(tokens) * hidden);
-  const uint64_t s = stream_key(seed, 0, Tensor::Input, -1);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(scale * uniform(s, i));
-  return x;
-}
+using test::random_input;
 
 double max_abs(const std::vector<float>& v) {
   double m = 0;
