@@ -10,10 +10,26 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
+#include <utility>
 
 #include "moekit/dtype.h"
 
 namespace moekit::cpu_fast::detail {
+
+// Calls f(std::integral_constant<int, n>{}) for a run-time n in [1, kMax] (nothing for other n).
+// The SIMD kernels take their token count as a template argument, so their accumulators live in
+// registers; this is the one switch from a run-time remainder to that argument.
+template <int kMax, class F>
+inline void with_static_count(int n, F&& f) {
+  if constexpr (kMax >= 1) {
+    if (n == kMax) {
+      f(std::integral_constant<int, kMax>{});
+      return;
+    }
+    with_static_count<kMax - 1>(n, std::forward<F>(f));
+  }
+}
 
 struct Kernels {
   const char* name = "";

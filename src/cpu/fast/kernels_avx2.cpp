@@ -120,19 +120,9 @@ void dot_rows_f32(const Bf16* w, size_t ldw, int rows, int k, const float* const
     const Bf16* wr = w + r * ldw;
     int j = 0;
     for (; j + 4 <= n; j += 4) dot_row_f32<4>(wr, k, x + j, out + j * ldo + r, ldo);
-    switch (n - j) {
-      case 3:
-        dot_row_f32<3>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 2:
-        dot_row_f32<2>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 1:
-        dot_row_f32<1>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      default:
-        break;
-    }
+    with_static_count<3>(n - j, [&](auto count) {
+      dot_row_f32<decltype(count)::value>(wr, k, x + j, out + j * ldo + r, ldo);
+    });
   }
 }
 

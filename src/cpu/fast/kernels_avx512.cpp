@@ -130,59 +130,18 @@ void dot_rows_f32(const Bf16* w, size_t ldw, int rows, int k, const float* const
       int j = 0;
       // blocks of 4 tokens, the last block 1-6 (a 5- or 6-token tile beats 4 + 1 or 4 + 2)
       for (; n - j > 6; j += 4) dot_tile4_f32<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-      switch (n - j) {
-        case 6:
-          dot_tile4_f32<6>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 5:
-          dot_tile4_f32<5>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 4:
-          dot_tile4_f32<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 3:
-          dot_tile4_f32<3>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 2:
-          dot_tile4_f32<2>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 1:
-          dot_tile4_f32<1>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        default:
-          break;
-      }
+      with_static_count<6>(n - j, [&](auto count) {
+        dot_tile4_f32<decltype(count)::value>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+      });
     }
   }
   for (int r = r0; r < rows; ++r) {
     const Bf16* wr = w + r * ldw;
     int j = 0;
     for (; j + 8 <= n; j += 8) dot_row_f32<8>(wr, k, x + j, out + j * ldo + r, ldo);
-    switch (n - j) {
-      case 7:
-        dot_row_f32<7>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 6:
-        dot_row_f32<6>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 5:
-        dot_row_f32<5>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 4:
-        dot_row_f32<4>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 3:
-        dot_row_f32<3>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 2:
-        dot_row_f32<2>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 1:
-        dot_row_f32<1>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      default:
-        break;
-    }
+    with_static_count<7>(n - j, [&](auto count) {
+      dot_row_f32<decltype(count)::value>(wr, k, x + j, out + j * ldo + r, ldo);
+    });
   }
 }
 
@@ -259,59 +218,18 @@ void dot_rows_bf16(const Bf16* w, size_t ldw, int rows, int k, const Bf16* const
       int j = 0;
       // blocks of 4 tokens, the last block 1-6 (a 5- or 6-token tile beats 4 + 1 or 4 + 2)
       for (; n - j > 6; j += 4) dot_tile4_bf16<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-      switch (n - j) {
-        case 6:
-          dot_tile4_bf16<6>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 5:
-          dot_tile4_bf16<5>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 4:
-          dot_tile4_bf16<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 3:
-          dot_tile4_bf16<3>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 2:
-          dot_tile4_bf16<2>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        case 1:
-          dot_tile4_bf16<1>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-          break;
-        default:
-          break;
-      }
+      with_static_count<6>(n - j, [&](auto count) {
+        dot_tile4_bf16<decltype(count)::value>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+      });
     }
   }
   for (int r = r0; r < rows; ++r) {
     const Bf16* wr = w + r * ldw;
     int j = 0;
     for (; j + 8 <= n; j += 8) dot_row_bf16<8>(wr, k, x + j, out + j * ldo + r, ldo);
-    switch (n - j) {
-      case 7:
-        dot_row_bf16<7>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 6:
-        dot_row_bf16<6>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 5:
-        dot_row_bf16<5>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 4:
-        dot_row_bf16<4>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 3:
-        dot_row_bf16<3>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 2:
-        dot_row_bf16<2>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 1:
-        dot_row_bf16<1>(wr, k, x + j, out + j * ldo + r, ldo);
-        break;
-      default:
-        break;
-    }
+    with_static_count<7>(n - j, [&](auto count) {
+      dot_row_bf16<decltype(count)::value>(wr, k, x + j, out + j * ldo + r, ldo);
+    });
   }
 }
 
@@ -361,19 +279,9 @@ void router_dot(const void* w, bool w_f32, size_t ldw, int rows, int k, const do
     const void* wr = static_cast<const uint8_t*>(w) + r * ldw * elem;
     int j = 0;
     for (; j + 4 <= n; j += 4) router_row<4>(wr, w_f32, k, x + j, out + j * ldo + r, ldo);
-    switch (n - j) {
-      case 3:
-        router_row<3>(wr, w_f32, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 2:
-        router_row<2>(wr, w_f32, k, x + j, out + j * ldo + r, ldo);
-        break;
-      case 1:
-        router_row<1>(wr, w_f32, k, x + j, out + j * ldo + r, ldo);
-        break;
-      default:
-        break;
-    }
+    with_static_count<3>(n - j, [&](auto count) {
+      router_row<decltype(count)::value>(wr, w_f32, k, x + j, out + j * ldo + r, ldo);
+    });
   }
 }
 
