@@ -6,11 +6,14 @@
 #   logs.tar.gz        every log (build with ptxas report, tests, sanitizer, bench stderr)
 #   bench_layer.jsonl  `moekit bench --device cuda --json` records, one JSON document per model
 #   bench_router.jsonl `moekit bench router-gemm --json`, one per model
-#   tuning_sm90.json, sm90.inc   the tuner's table (commit sm90.inc as tuning/sm90.inc)
+#   sm90.inc           the tuner's table (commit as tuning/sm90.inc; its JSON form is in the logs)
 #   deepseek-v3_sweep.png        the batch sweep, fused vs unfused vs floor
-# Stages: STAGES="build test sanitize tune router layer" (default all; router and layer are the
-# router GEMM and MoE layer benchmarks). A failing stage is recorded and
-# the script goes on, so one call returns everything there is to learn.
+#   ab.txt             the expert-kernel variants side by side (stage ab)
+#   ncu.txt            per-kernel time and DRAM bytes of one forward under ncu (stage profile)
+# Stages: STAGES="build test sanitize tune router layer" (the default; router and layer are the
+# router GEMM and MoE layer benchmarks); also "ab" (AB_KERNELS x AB_MODELS x AB_BATCHES) and
+# "profile" (PROFILE_MODELS at PROFILE_TOKENS tokens under ncu). A failing stage is recorded and the script
+# goes on, so one call returns everything there is to learn.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
@@ -21,6 +24,12 @@ BUILD="${MOEKIT_BUILD_DIR:-build-gpu}"
 BENCH_MODELS="${BENCH_MODELS:-deepseek-v3 qwen3-30b-a3b kimi-k2 minimax-m2 qwen2-57b-a14b gpt-oss-120b}"
 BENCH_BATCHES="${BENCH_BATCHES:-1,2,4,8,16,32,64,128,256}"
 TUNE_BATCHES="${TUNE_BATCHES:-1-16,20,24,28,32,40,48,56,64,80,96,112,128}"
+AB_KERNELS="${AB_KERNELS:-regs-early regs bulk}"
+AB_MODELS="${AB_MODELS:-deepseek-v3 qwen3-30b-a3b}"
+AB_BATCHES="${AB_BATCHES:-1,8,32,128}"
+PROFILE_MODELS="${PROFILE_MODELS:-deepseek-v3 qwen3-30b-a3b}"
+PROFILE_KERNEL="${PROFILE_KERNEL:-${MOEKIT_EXPERTS_KERNEL:-}}"  # expert-kernel variant under ncu
+PROFILE_TOKENS="${PROFILE_TOKENS:-1}"
 summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -29,7 +38,8 @@ t_start=$(date +%s)
 timed() {  # timed NAME LOGFILE COMMAND...: run with output appended to LOGFILE, record rc and time
   local name=$1 log=$2; shift 2
   local t0=$(date +%s)
-  "$@" >>"$log" 2>&1
+  # STAGE_TIMEOUT: a hung kernel costs one stage (rc 124), not the whole call
+  timeout "${STAGE_TIMEOUT:-1800}" "$@" >>"$log" 2>&1
   local rc=$?
   note "$(printf '%-34s rc=%-3s %5ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")"
   return $rc
@@ -79,8 +89,8 @@ if has_stage tune && [ -x "$MOEKIT" ]; then
   args=""
   for m in $models_all; do args="$args --model $m"; done
   timed tune "$LOGS/tune.log" "$MOEKIT" tune $args --batch "$TUNE_BATCHES" \
-    --out "$OUT/tuning_sm90.json" --inc "$OUT/sm90.inc"
-  [ -f "$OUT/tuning_sm90.json" ] && export MOEKIT_TUNING_FILE="$OUT/tuning_sm90.json"
+    --out "$LOGS/tuning_sm90.json" --inc "$OUT/sm90.inc"
+  [ -f "$LOGS/tuning_sm90.json" ] && export MOEKIT_TUNING_FILE="$LOGS/tuning_sm90.json"
 fi
 
 if has_stage router && [ -x "$MOEKIT" ]; then
@@ -99,6 +109,42 @@ if has_stage layer && [ -x "$MOEKIT" ]; then
   "$MOEKIT" bench --device cuda --model deepseek-v3 --batch "$BENCH_BATCHES" \
     --plot "$OUT/deepseek-v3_sweep.png" >>"$summary" 2>>"$LOGS/bench_layer.log"
   "$MOEKIT" run --device cuda --model deepseek-v3 --tokens 4 --fuse-shared on >>"$summary" 2>&1
+fi
+
+if has_stage ab && [ -x "$MOEKIT" ]; then
+  # one expert-kernel variant per run of the benchmark (the variant is read at layer creation)
+  for m in $AB_MODELS; do
+    for k in $AB_KERNELS; do
+      echo "== MOEKIT_EXPERTS_KERNEL=$k $m" >>"$OUT/ab.txt"
+      timed "ab $k $m" "$LOGS/ab.log" sh -c "MOEKIT_EXPERTS_KERNEL=$k '$MOEKIT' bench --device cuda \
+        --model $m --batch $AB_BATCHES >>'$OUT/ab.txt'"
+    done
+  done
+fi
+
+if has_stage profile && [ -x "$MOEKIT" ]; then
+  # ncu serialises the kernels: per-kernel times, not the graph's overlapped step
+  for m in $PROFILE_MODELS; do for tk in $PROFILE_TOKENS; do
+    echo "== ncu --clock-control none, moekit run --device cuda --model $m --tokens $tk" \
+      "(MOEKIT_EXPERTS_KERNEL=${PROFILE_KERNEL:-default})" >>"$OUT/ncu.txt"
+    timed "ncu $m T=$tk" "$LOGS/ncu.log" sh -c "MOEKIT_EXPERTS_KERNEL='$PROFILE_KERNEL' ncu --clock-control none --csv --page raw -k regex:'router|routing|experts' \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
+      '$MOEKIT' run --device cuda --model $m --tokens $tk >'$LOGS/ncu_${m}_$tk.csv'"
+    python3 - "$LOGS/ncu_${m}_$tk.csv" >>"$OUT/ncu.txt" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head, units, data = rows[0], rows[1], rows[2:]
+col = {h: i for i, h in enumerate(head)}
+keys = ["gpu__time_duration.sum", "dram__bytes_read.sum",
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed", "launch__grid_size",
+        "launch__block_size", "launch__registers_per_thread"]
+print("kernel".ljust(60), " ".join(k.split("__")[1].split(".")[0][:14].rjust(14) for k in keys))
+for r in data:
+    name = r[col["Kernel Name"]][:60]
+    print(name.ljust(60), " ".join(r[col[k]].rjust(14) for k in keys))
+print("units:", " ".join(units[col[k]] for k in keys))
+PY
+  done; done
 fi
 
 note "total $(( $(date +%s) - t_start )) s"

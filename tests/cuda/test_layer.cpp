@@ -224,7 +224,7 @@ TEST_P(GpuLayerFamily, MatchesCpuReferenceFusedAndUnfused) {
 
   cuda::GpuLayerOptions opt;
   opt.max_tokens = c.tokens;
-  for (const char* variant : {"regs", "regs-early", "ring"}) {
+  for (const char* variant : {"regs", "regs-early", "bulk"}) {
     // the expert kernels' streaming variant is read at layer creation (experts.h)
     setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
     const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
@@ -294,7 +294,7 @@ TEST(GpuLayer, ForwardIsDeterministic) {
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 1);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 256;
-  for (const char* variant : {"regs", "regs-early", "ring"}) {
+  for (const char* variant : {"regs", "regs-early", "bulk"}) {
     setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
     const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
     unsetenv("MOEKIT_EXPERTS_KERNEL");
@@ -412,7 +412,7 @@ TEST(GpuLayerSmall, SanitizerShapesBothKernels) {
     const auto w = make_random_weights(spec, spec.moe_layers.front(), 2);
     cuda::GpuLayerOptions opt;
     opt.max_tokens = 20;
-    for (const char* variant : {"regs", "regs-early", "ring"}) {
+    for (const char* variant : {"regs", "regs-early", "bulk"}) {
       setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
       const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
       unsetenv("MOEKIT_EXPERTS_KERNEL");

@@ -1,23 +1,25 @@
-// Launch code of the grouped expert kernels (experts_kernel.cuh): the variant table, the
-// persistent grid size, the launch. Eleven instantiations in all (CI compiles on two cores).
+// Launch code of the grouped expert kernels (experts_bulk_kernel.cuh, experts_kernel.cuh): the
+// variant table, the persistent grid size, the launch. Thirteen instantiations in all (CI compiles
+// on two cores).
 //
-// Variants (kNT n-tiles of 8 tokens per task, kUnroll k blocks in flight per warp, where the
-// activation fragments are loaded); all are spill-free at 2 CTAs of 256 threads per SM (128
-// registers, ptxas -v, CUDA 13):
-//   default (regs): activation fragments loaded right before their mma (kLateActs), so the
-//     registers hold weights only:
-//     chunk 8:  gate/up kUnroll 5 (320 B of weights in flight per thread, 160 KB per SM),
-//               down kUnroll 4 (256 B, 128 KB per SM); down with K <= 1024: 4-warp CTAs,
-//               4 per SM (one round of 4 warps covers K)
-//     chunk 16: kNT = 2, kUnroll 3 (192 B, 96 KB per SM)
-//   regs-early (the previous default, kept to A/B on the GPU): activations loaded with the
-//     weights: chunk 8 kNT 1 kUnroll 3 (96 KB per SM), chunk 16 kNT 2 kUnroll 2.
-//   ring: experts_ring_kernel.cuh, chunk 8 only (measured slower everywhere; opt-in).
-// Default: chunk 8 up to 256 tokens. At decode an expert rarely holds more than 8 tokens
-// (DeepSeek-V3 at T=128 averages 4), and the shared expert's extra chunks are adjacent work items that run
-// side by side, so its weights come from L2 after the first chunk. MOEKIT_EXPERTS_CHUNK=8|16
-// overrides (read once, for measurements). MOEKIT_EXPERTS_KERNEL=regs|regs-early|ring selects
-// the variant at layer creation.
+// Variants, chosen per forward by experts_stream_default (measured) unless
+// MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk forces one at layer creation:
+//   bulk (decode batches): experts_bulk_kernel.cuh, weights and activations by bulk copies into a
+//     ring of shared-memory stages, producer / consumer / epilogue warps (one CTA of 10 warps and
+//     ~210 KB of shared memory per SM); chunk 8: 4 stages of 16 x 2 KB of weights, chunk 16: 5
+//     stages of 16 x 1 KB.
+//   regs / regs-early (larger batches): experts_kernel.cuh, weights in registers (kNT n-tiles of
+//     8 tokens per task, kUnroll k blocks in flight per warp), spill-free at 2 CTAs of 256
+//     threads per SM (128 registers, ptxas -v, CUDA 13).
+//     regs: activation fragments loaded right before their mma (kLateActs), so the registers
+//       hold weights only: chunk 8 gate/up kUnroll 5 (160 KB of weights in flight per SM), down
+//       kUnroll 4 (128 KB; K <= 1024: 4-warp CTAs, 4 per SM), chunk 16 kNT 2 kUnroll 3.
+//     regs-early: activations loaded with the weights: chunk 8 kUnroll 3, chunk 16 kNT 2 kUnroll 2
+//       (fewer waits per k block: faster with large experts).
+// Chunk 8 up to 256 tokens. At decode an expert rarely holds more than 8 tokens (DeepSeek-V3 at
+// T=128 averages 4), and the shared expert's extra chunks are adjacent work items, so its weights
+// come from L2 after the first chunk. MOEKIT_EXPERTS_CHUNK=8|16 overrides (read once, for
+// measurements).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -25,20 +27,19 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/experts/experts.h"
+#include "cuda/experts/experts_bulk_kernel.cuh"
 #include "cuda/experts/experts_kernel.cuh"
-#include "cuda/experts/experts_ring_kernel.cuh"
 #include "cuda/layer/pdl.cuh"
 #include "moekit/error.h"
 
 namespace moekit::cuda {
 namespace {
 
+using experts_detail::bulk_smem_bytes;
+using experts_detail::experts_bulk_kernel;
 using experts_detail::experts_kernel;
-using experts_detail::experts_ring_kernel;
+using experts_detail::kBulkThreads;
 using experts_detail::kThreads;
-
-constexpr int kRingStages = 4;  // 4 k blocks (8 KB of weights per warp) in flight, 2 CTAs per SM
-constexpr int kRingSmem = experts_detail::ring_smem_bytes<kRingStages>();
 
 using KernelFn = void (*)(ExpertsParams);
 
@@ -48,8 +49,9 @@ struct Variant {
   int threads;
 };
 
-int smem_bytes(ExpertsStream stream_kind) {
-  return stream_kind == ExpertsStream::Ring ? kRingSmem : 0;
+int smem_bytes(ExpertsStream stream_kind, int chunk) {
+  if (stream_kind != ExpertsStream::Bulk) return 0;
+  return chunk == 8 ? bulk_smem_bytes<1>() : bulk_smem_bytes<2>();
 }
 
 // Largest reduction length (in 64-wide k blocks) the 4-warp down variant covers in one round.
@@ -61,11 +63,13 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
   MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
                                           << " (expected 8 or 16)");
   switch (stream_kind) {
-    case ExpertsStream::Ring:
-      MK_CHECK(chunk == 8, "the cp.async ring expert kernel takes chunk 8, got " << chunk);
-      return {gate_up ? experts_ring_kernel<true, kRingStages>
-                      : experts_ring_kernel<false, kRingStages>,
-              kThreads};
+    case ExpertsStream::Bulk:
+      if (chunk == 8) {
+        return {gate_up ? experts_bulk_kernel<true, 1> : experts_bulk_kernel<false, 1>,
+                kBulkThreads};
+      }
+      return {gate_up ? experts_bulk_kernel<true, 2> : experts_bulk_kernel<false, 2>,
+              kBulkThreads};
     case ExpertsStream::RegistersEarlyActs:
       if (chunk == 8) {
         return {gate_up ? experts_kernel<true, 1, 3, false> : experts_kernel<false, 1, 3, false>,
@@ -104,20 +108,26 @@ int experts_chunk(int tokens) {
   return tokens <= 256 ? 8 : 16;
 }
 
-ExpertsStream experts_stream_for(int hidden) {
+std::optional<ExpertsStream> experts_stream_override() {
   const char* v = std::getenv("MOEKIT_EXPERTS_KERNEL");
-  if (v == nullptr || v[0] == '\0') {
-    // Measured on the H200 (bench/results/h200/2026-11-30-run4-layer): with DeepSeek-V3's experts
-    // (H = 7168) loading activations with the weights is 5-8% faster at every batch (fewer waits
-    // per k block); with Qwen3-30B-A3B's (H = 2048, I = 768) the rolling loads are 4-10% faster
-    // (more items in flight). Shapes between were not measured; 4096 splits the two.
-    return hidden >= 4096 ? ExpertsStream::RegistersEarlyActs : ExpertsStream::Registers;
-  }
+  if (v == nullptr || v[0] == '\0') return std::nullopt;
   const std::string s(v);
   if (s == "regs") return ExpertsStream::Registers;
   if (s == "regs-early") return ExpertsStream::RegistersEarlyActs;
-  if (s == "ring") return ExpertsStream::Ring;
-  MK_FAIL("MOEKIT_EXPERTS_KERNEL='" << s << "' (expected regs, regs-early or ring)");
+  if (s == "bulk") return ExpertsStream::Bulk;
+  MK_FAIL("MOEKIT_EXPERTS_KERNEL='" << s << "' (expected regs, regs-early or bulk)");
+}
+
+ExpertsStream experts_stream_default(int hidden, int tokens) {
+  // Measured on the H200 (bench/results/h200/2026-11-30-run5-bulk, ab.txt): the bulk-copy
+  // kernel is the fastest at decode batches (DeepSeek-V3 T=1 217 us against 276 for the
+  // register kernels in the same run, T=32 3525 against 4251; Qwen3-30B-A3B T=1 39.4 against
+  // 46.8) and up to 128 tokens with DeepSeek-V3's experts (H = 7168), 64 with Qwen3's
+  // (H = 2048). Above, the register kernels win (the bulk kernel's one epilogue warp combines
+  // T x 16 outputs per tile alone): regs-early for large experts (H >= 4096), regs below.
+  const bool large = hidden >= 4096;
+  if (tokens <= (large ? 128 : 64)) return ExpertsStream::Bulk;
+  return large ? ExpertsStream::RegistersEarlyActs : ExpertsStream::Registers;
 }
 
 int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) {
@@ -125,7 +135,7 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
   MK_CUDA_CHECK(cudaGetDevice(&device));
   MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const Variant v = kernel_for(kind, chunk, stream_kind, k);
-  const int smem = smem_bytes(stream_kind);
+  const int smem = smem_bytes(stream_kind, chunk);
   if (smem > 48 * 1024) {
     MK_CUDA_CHECK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
@@ -137,7 +147,7 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
   const Variant v = kernel_for(kind, chunk, stream_kind, p.k);
-  launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind), stream, p);
+  launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk), stream, p);
 }
 
 }  // namespace moekit::cuda

@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <optional>
+
 #include "cuda/routing/routing.h"
 #include "moekit/spec.h"
 
@@ -52,18 +54,21 @@ enum class ExpertsStream {
   Registers,           // experts_kernel.cuh: kUnroll k blocks of weights per warp in registers,
                        // activations loaded right before their mma, dynamic work items
   RegistersEarlyActs,  // the same kernel, activations loaded with the weights (fewer weights
-                       // in flight; the previous default, for A/B)
-  Ring,                // experts_ring_kernel.cuh: per-thread cp.async ring in shared memory
-                       // (chunk 8 only; slower on the H200, opt-in)
+                       // in flight; faster than Registers with large experts)
+  Bulk,                // experts_bulk_kernel.cuh: a producer warp streams weights and
+                       // activations by bulk copies (TMA) into a shared-memory ring, 8 warps
+                       // compute, an epilogue warp writes the outputs and combines
 };
 
 // Tokens per task (8 or 16) for `tokens` tokens per forward: the dispatch's chunk and the variant.
 // MOEKIT_EXPERTS_CHUNK=8|16 overrides.
 int experts_chunk(int tokens);
-// The streaming variant for a layer of hidden size `hidden`: MOEKIT_EXPERTS_KERNEL=regs|regs-early|
-// ring when set (read at each call; layers call once, at creation), else the measured default:
-// regs-early for large experts (hidden >= 4096), regs below.
-ExpertsStream experts_stream_for(int hidden);
+// MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk when set (read at each call; layers call once, at
+// creation), else nullopt: the measured default applies.
+std::optional<ExpertsStream> experts_stream_override();
+// The measured default variant for experts of hidden size `hidden` at `tokens` tokens per forward.
+ExpertsStream experts_stream_default(int hidden, int tokens);
+constexpr int kExpertsStreams = 3;  // ExpertsStream values, for per-variant tables
 // Persistent grid size (SMs x resident CTAs) of a variant on the current device; also raises the
 // variant's dynamic shared-memory limit. k: the reduction length the launches will have (the
 // variant, and its CTAs per SM, depend on it); launch_experts picks the variant from p.k, and

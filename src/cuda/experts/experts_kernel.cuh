@@ -5,22 +5,16 @@
 // (zeroed by the dispatch), item -> tile = item / num_tasks, task = item % num_tasks, so the
 // tasks sharing a tile run side by side and one expert's token chunks hit L2 together.
 //
-// One CTA = 8 (or 4) warps on ONE m16 tile of weight rows; the warps split K in runs of kUnroll
-// blocks of 64 (warp w takes blocks [wU, wU+U), [8U+wU, ...)), then reduce through shared memory
-// in warp order (deterministic). "Swap AB": the weights are the M side of mma.m16n8k16 (bf16 in,
-// fp32 accumulate), the tokens the N side, so at T=1 each weight element is loaded once and used
-// once and the tensor cores are never the limit (<= 1/8 of their rate even at one token per tile).
-//   gate/up tile: rows 0-7 = gate rows r0..r0+7, rows 8-15 = up rows I+r0.., so one thread holds
-//                 gate and up of the same (row, token) and writes h = act(g, u) straight away
-//   down tile:    16 rows of W2 (output columns of y)
+// One CTA = 8 (or 4) warps on ONE m16 tile of weight rows (fragments and tiles:
+// experts_common.cuh); the warps split K in runs of kUnroll blocks of 64 (warp w takes blocks
+// [wU, wU+U), [8U+wU, ...)), then reduce through shared memory in warp order (deterministic).
+// At T=1 each weight element is loaded once and used once and the tensor cores are never the
+// limit (<= 1/8 of their rate even at one token per tile).
 //
-// Loads: weights with 16-byte ld.global.nc.L1::no_allocate (read once: streamed past L1); each
-// load instruction covers whole 32-byte sectors (thread t of a row quad reads elements 8t..8t+7
-// and 32+8t..32+8t+7 of a 64-block). K is permuted identically for weights and activations, so
-// the dot products are unchanged: in mma step s thread t's logical k {2t,2t+1} / {2t+8,2t+9} are
-// its physical elements {4s,4s+1} / {4s+2,4s+3}. A warp loads kUnroll blocks (kUnroll * 64 B of
-// weights per thread) before their mma, and the next item's first blocks go out before the
-// current item's epilogue, so a CTA keeps bytes in flight between items.
+// Loads: weights with 16-byte ld.global.nc.L1::no_allocate (read once: streamed past L1). A warp
+// loads kUnroll blocks (kUnroll * 64 B of weights per thread) before their mma, and the next
+// item's first blocks go out before the current item's epilogue, so a CTA keeps bytes in flight
+// between items.
 //
 // Down + combine: each item writes unweighted fp32 partials [pair, 16 rows]; the CTA that
 // completes a tile's last item (threadfence + counter) sums y[t] = sum_s w[t,s] * partial in slot
@@ -36,13 +30,13 @@
 #include <cstdint>
 
 #include "cuda/experts/experts.h"
+#include "cuda/experts/experts_common.cuh"
 #include "cuda/layer/pdl.cuh"
 
 namespace moekit::cuda::experts_detail {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kBlockK = 64;
 
 __device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* ptr) {
   uint4 v;
@@ -54,34 +48,6 @@ __device__ __forceinline__ uint4 ld_stream(const __nv_bfloat16* ptr) {
 
 __device__ __forceinline__ uint4 ld_act(const __nv_bfloat16* ptr) {
   return __ldg(reinterpret_cast<const uint4*>(ptr));
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// One 64-wide k block: a = {lo row first 8, lo row second 8, hi row first 8, hi row second 8},
-// b = {token first 8, token second 8}; four mma steps.
-__device__ __forceinline__ void mma_block(float (&c)[4], const uint4 (&a)[4], const uint4 (&b)[2]) {
-  mma_bf16(c, a[0].x, a[2].x, a[0].y, a[2].y, b[0].x, b[0].y);
-  mma_bf16(c, a[0].z, a[2].z, a[0].w, a[2].w, b[0].z, b[0].w);
-  mma_bf16(c, a[1].x, a[3].x, a[1].y, a[3].y, b[1].x, b[1].y);
-  mma_bf16(c, a[1].z, a[3].z, a[1].w, a[3].w, b[1].z, b[1].w);
-}
-
-__device__ __forceinline__ float activate(Activation act, float g, float u, float limit,
-                                          float alpha, float beta) {
-  if (limit > 0.0f) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
-  }
-  if (act == Activation::Silu) return g / (1.0f + expf(-g)) * u;
-  const float glu = g / (1.0f + expf(-alpha * g));
-  return (u + beta) * glu;
 }
 
 // What one work item needs: its task, its tile, the weight rows and activation rows of this thread.
@@ -292,38 +258,8 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
           acc[j][r] = s;
         }
       }
-      const int r0 = ctx.r0;
-      const float* bias =
-          p.bias != nullptr ? p.bias + ctx.task.expert * p.bias_expert_stride : nullptr;
-      // thread holds rows (r0+g | gate, up) or (r0+g, r0+g+8) for tokens 2t, 2t+1 of tile j
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int col = j * 8 + 2 * t + c;
-          if (col < ctx.task.count) {
-            const int pair = p.pair_list[ctx.task.begin + col];
-            if constexpr (kGateUp) {
-              float gate = acc[j][c], up = acc[j][2 + c];
-              if (bias != nullptr) {
-                gate += bias[r0 + g];
-                up += bias[p.inter + r0 + g];
-              }
-              p.h[static_cast<size_t>(pair) * p.inter + r0 + g] = __float2bfloat16_rn(
-                  activate(p.activation, gate, up, p.limit, p.alpha, p.beta));
-            } else {
-              float lo = acc[j][c], hi = acc[j][2 + c];
-              if (bias != nullptr) {
-                lo += bias[r0 + g];
-                hi += bias[r0 + g + 8];
-              }
-              float* out = p.partial + static_cast<size_t>(pair) * p.rows + r0 + g;
-              out[0] = lo;
-              out[8] = hi;
-            }
-          }
-        }
-      }
+      store_item_outputs<kGateUp, kNT>(p, ctx.task.expert, ctx.r0, ctx.task.count,
+                                        p.pair_list + ctx.task.begin, acc, g, t);
       // down: only warp 0 wrote partials, so only it fences them before the tile counter, and
       // before its prefetch, so that the fence does not wait on the next item's loads
       if (!kGateUp && p.tile_counters != nullptr) __threadfence();
@@ -340,21 +276,7 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
         __syncthreads();
         if (s_last) {
           __threadfence();
-          const int r0 = ctx.r0;
-          for (int i = threadIdx.x; i < p.tokens * kTileRows; i += kW * 32) {
-            const int tok = i / kTileRows;
-            const int r = r0 + (i - tok * kTileRows);
-            float y = 0.0f;
-            for (int s = 0; s < p.slots; ++s) {
-              const size_t q = static_cast<size_t>(tok) * p.slots + s;
-              y += p.slot_weights[q] * __ldcg(p.partial + q * p.rows + r);
-            }
-            if (p.shared_partial != nullptr) {
-              y += p.shared_scale[tok] *
-                   __ldcg(p.shared_partial + static_cast<size_t>(tok) * p.rows + r);
-            }
-            p.y[static_cast<size_t>(tok) * p.rows + r] = __float2bfloat16_rn(y);
-          }
+          combine_tile(p, ctx.tile, threadIdx.x, kW * 32);
           if (threadIdx.x == 0) p.tile_counters[ctx.tile] = 0;
         }
       }

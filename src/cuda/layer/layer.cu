@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,8 +89,8 @@ struct GpuMoeLayer::Impl {
   bool can_fuse = false;
   RoutingConfig cfg_fused, cfg_unfused;
   cudaStream_t stream = nullptr;
-  int grid[2][2] = {};  // [kind][chunk 8, 16]
-  ExpertsStream stream_kind = ExpertsStream::Registers;  // chunk 8 variant
+  int grid[kExpertsStreams][2][2] = {};  // [variant][gate/up, down][chunk 8, 16]
+  std::optional<ExpertsStream> forced_stream;  // MOEKIT_EXPERTS_KERNEL at creation
 
   // weights
   size_t weight_bytes = 0;
@@ -303,22 +304,25 @@ struct GpuMoeLayer::Impl {
   }
 
   void init_launch_config() {
-    stream_kind = experts_stream_for(H);
+    forced_stream = experts_stream_override();
     const int chunks[2] = {8, 16};
-    for (int c = 0; c < 2; ++c) {
-      grid[0][c] = experts_grid(ExpertsKind::GateUp, chunks[c], kind_for(chunks[c]), H);
-      grid[1][c] = experts_grid(ExpertsKind::Down, chunks[c], kind_for(chunks[c]), I);
+    for (int v = 0; v < kExpertsStreams; ++v) {
+      const auto sk = static_cast<ExpertsStream>(v);
+      for (int c = 0; c < 2; ++c) {
+        grid[v][0][c] = experts_grid(ExpertsKind::GateUp, chunks[c], sk, H);
+        grid[v][1][c] = experts_grid(ExpertsKind::Down, chunks[c], sk, I);
+      }
     }
     warm_up_router_gemm(spec, opt.max_tokens, stream);
   }
 
-  // The ring variant exists for chunk 8 only.
-  ExpertsStream kind_for(int chunk) const {
-    return chunk == 8 || stream_kind != ExpertsStream::Ring ? stream_kind
-                                                            : ExpertsStream::Registers;
+  // The expert-kernel variant for a forward of `tokens` tokens (every variant exists for both
+  // chunks, 8 and 16 tokens per task).
+  ExpertsStream kind_for(int tokens) const {
+    return forced_stream ? *forced_stream : experts_stream_default(H, tokens);
   }
 
-  static constexpr int kUnfusedFromTokensWithManySlots = 64;
+  static constexpr int kUnfusedFromTokensWithManySlots = 32;
 
   bool resolve_fused(FuseShared fuse, int tokens) const {
     if (!has_shared) return false;
@@ -331,10 +335,10 @@ struct GpuMoeLayer::Impl {
       case FuseShared::Off:
         return false;
       case FuseShared::Auto:
-        // Measured on the H200 (bench/results/h200/2026-11-30-run4-layer): one fused slot
+        // Measured on the H200 (bench/results/h200/2026-11-30-run6-final): one fused slot
         // (DeepSeek-V3, Kimi-K2) is never slower than unfused, at any batch up to 256; Qwen2-57B's
-        // 8 slots are 2-6% slower from 64 tokens (each slot is split into T/8 tasks that re-read
-        // it), within noise below. So: fuse, except several slots at >= 64 tokens.
+        // 8 slots are 2-8% slower from 32 tokens (each slot is split into T/8 tasks that re-read
+        // it), even at 16. So: fuse, except several slots at >= 32 tokens.
         return can_fuse && !(S > 1 && tokens >= kUnfusedFromTokensWithManySlots);
     }
     return false;
@@ -358,6 +362,8 @@ struct GpuMoeLayer::Impl {
     const int slots = K + s_run;
     const int chunk = experts_chunk(tokens);
     const int ci = chunk == 8 ? 0 : 1;  // experts_chunk gives 8 or 16
+    const ExpertsStream sk = kind_for(tokens);
+    const int vi = static_cast<int>(sk);
     const bool shared_unfused = has_shared && !fused;
     auto* ctr = counters.as<DispatchCounters>();
 
@@ -407,7 +413,7 @@ struct GpuMoeLayer::Impl {
       g.num_tasks = &ctr->num_shared_tasks;
       g.work_counter = &ctr->work[2];
       g.h = shared_h.as<__nv_bfloat16>();
-      launch_experts(ExpertsKind::GateUp, chunk, kind_for(chunk), g, grid[0][ci], st);
+      launch_experts(ExpertsKind::GateUp, chunk, sk, g, grid[vi][0][ci], st);
 
       ExpertsParams d = experts_common();
       d.w = shared_w2.as<__nv_bfloat16>();
@@ -421,7 +427,7 @@ struct GpuMoeLayer::Impl {
       d.num_tasks = &ctr->num_shared_tasks;
       d.work_counter = &ctr->work[3];
       d.partial = shared_partial.as<float>();
-      launch_experts(ExpertsKind::Down, chunk, kind_for(chunk), d, grid[1][ci], st);
+      launch_experts(ExpertsKind::Down, chunk, sk, d, grid[vi][1][ci], st);
     }
 
     // 3. routed (+ fused shared) gate/up
@@ -440,7 +446,7 @@ struct GpuMoeLayer::Impl {
     g.num_tasks = &ctr->num_tasks;
     g.work_counter = &ctr->work[0];
     g.h = h.as<__nv_bfloat16>();
-    launch_experts(ExpertsKind::GateUp, chunk, kind_for(chunk), g, grid[0][ci], st);
+    launch_experts(ExpertsKind::GateUp, chunk, sk, g, grid[vi][0][ci], st);
 
     // 4. down + weighted combine
     ExpertsParams d = experts_common();
@@ -465,7 +471,7 @@ struct GpuMoeLayer::Impl {
     d.shared_partial = shared_unfused ? shared_partial.as<float>() : nullptr;
     d.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
     d.y = static_cast<__nv_bfloat16*>(y);
-    launch_experts(ExpertsKind::Down, chunk, kind_for(chunk), d, grid[1][ci], st);
+    launch_experts(ExpertsKind::Down, chunk, sk, d, grid[vi][1][ci], st);
   }
 };
 

@@ -1,0 +1,432 @@
+// Grouped expert kernels, bulk-copy variant: the same work items, tiles, mma fragments, epilogue
+// and deterministic combine as experts_kernel.cuh (experts_common.cuh), with weights AND
+// activations streamed by the copy engine (cp.async.bulk, Hopper's TMA in its 1-D form) into a
+// ring of shared-memory stages, and the warps specialised so that nothing waits on a round trip
+// it could have started earlier.
+//
+// Why: the register variant holds its in-flight bytes in registers (96-160 KB per SM), waits a
+// round trip per run of blocks and drains at item ends: ncu measured its DeepSeek-V3 T=1 expert
+// kernels at 3.67 (gate/up) and 3.07 TB/s (down) of the H200's ~4.6. A first bulk version that
+// left the task / pair-list / activation loads and the epilogue to the consumer warps was 15%
+// slower still (three dependent L2 round trips at every item start, a fence and an atomic
+// blocking all warps at every down item's end). This one: 3.99 and 3.44 TB/s (ncu), the layer
+// 0.80 of the read bandwidth at T=1 against 0.62 for the register kernels in the same run
+// (src/cuda/layer/NOTES.md).
+//   warp 8 (producer): walks its items (a contiguous range of the tile-major item list, sizes
+//     within one of each other: every item of a launch moves the same bytes, so the split is
+//     even and there is no atomic round trip), fetching item i+2's task and item i+1's pair ids
+//     while it issues item i's stages. For each k chunk of kChunkBlocks 64-wide blocks it waits
+//     for a free stage, writes the stage's item record (expert, tile, token count, pair ids),
+//     arms the stage's "full" mbarrier with the byte count and issues the bulk copies: 16 weight
+//     rows (each row's chunk is contiguous) and one activation row per token (x, or h in down
+//     mode), all completing on that barrier.
+//   warps 0-7 (consumers): wait for a stage, run the mma of their k blocks from shared memory
+//     (block w and w + 8 of the chunk), release the stage ("empty" mbarrier), and at an item's
+//     end hand their accumulators to the epilogue through one of kRedBuffers reduction buffers
+//     ("red_full" mbarrier). They touch no global memory.
+//   warp 9 (epilogue): sums the eight warps' accumulators in warp order (deterministic), writes
+//     h = act(g, u) or the fp32 down partials and frees the buffer ("red_empty"). In down mode,
+//     at the CTA's last item of a tile: a tile all of whose items were this CTA's (most of
+//     them: ranges are contiguous and tile-major) is combined at once (combine_tile); a tile
+//     shared with a neighbouring CTA (at most two per CTA) is counted in its tile counter after
+//     a fence, and the CTA that completes the count combines it. The epilogue lags the
+//     consumers by up to kRedBuffers items, so its stores and combines do not stall the stream.
+// Barrier arrivals: every lane that wrote what a barrier publishes arrives on it (compute-
+// sanitizer's racecheck does not take a __syncwarp before one lane's arrival as ordering).
+// Stage layout: 16 weight rows then kNT * 8 activation rows, each at a pitch of kChunkBlocks *
+// 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks.
+// PDL: gate/up waits for the dispatch and lets the down kernel launch; the down kernel's CTAs
+// take SMs as gate/up CTAs finish, and its producer issues the weight copies of its first
+// kStages stages before griddepcontrol.wait (weights and the dispatch, two launches back, are
+// ready) and their activation (h) copies after it: W2 streams through the gate/up tail.
+// Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/experts/experts.h"
+#include "cuda/experts/experts_common.cuh"
+#include "cuda/layer/pdl.cuh"
+
+namespace moekit::cuda::experts_detail {
+
+constexpr int kBulkConsumerWarps = 8;
+constexpr int kBulkProducerWarp = kBulkConsumerWarps;
+constexpr int kBulkEpilogueWarp = kBulkConsumerWarps + 1;
+constexpr int kBulkThreads = (kBulkConsumerWarps + 2) * 32;
+constexpr int kBulkWeightRows = 16;  // weight rows per item (the mma's M)
+constexpr int kRedBuffers = 4;       // items the epilogue warp may lag behind
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// Waits until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+        "selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// bytes (a multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// What a stage (and, for the epilogue, a reduction buffer) holds besides its bytes.
+struct BulkItem {
+  int item;  // work item, or -1: no more work
+  int expert;
+  int tile;
+  int count;  // tokens of the task
+  int chunk;  // k chunk of this stage
+  int pad[3];
+  int pairs[16];  // pair ids of the task's tokens (rows of h / partial)
+};
+constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
+
+template <int kNT, int kStages, int kChunkBlocks>
+struct BulkLayout {
+  static constexpr int kActRows = kNT * 8;
+  static constexpr int kPitch = kChunkBlocks * kBlockK * 2 + 64;  // bytes per row in a stage
+  static constexpr int kStageBytes = (kBulkWeightRows + kActRows) * kPitch;
+  static constexpr int kRedFloats = kBulkConsumerWarps * kNT * 4 * 32;  // one buffer
+  static constexpr int kRedOffset = kStages * kStageBytes;
+  static constexpr int kMetaOffset = kRedOffset + kRedBuffers * kRedFloats * 4;
+  static constexpr int kBarOffset = kMetaOffset + (kStages + kRedBuffers) * sizeof(BulkItem);
+  static constexpr int kBytes = kBarOffset + 2 * (kStages + kRedBuffers) * 8;
+  static_assert(kPitch % 16 == 0 && kStageBytes % 16 == 0, "bulk copies need 16-byte alignment");
+};
+
+// Ring depth and chunk per n-tiles: ~200 KB of shared memory, 1 CTA per SM.
+template <int kNT>
+struct BulkShape;
+template <>
+struct BulkShape<1> {
+  static constexpr int kStages = 4, kChunkBlocks = 16;  // 4 x 50 KB (16 x 2 KB weights)
+};
+template <>
+struct BulkShape<2> {
+  static constexpr int kStages = 5, kChunkBlocks = 8;  // 5 x 34 KB (16 x 1 KB weights)
+};
+
+template <int kNT>
+constexpr int bulk_smem_bytes() {
+  using S = BulkShape<kNT>;
+  return BulkLayout<kNT, S::kStages, S::kChunkBlocks>::kBytes;
+}
+
+// The producer's view of one work item: its task in every lane, lane l < count holds pair l.
+struct ProducerItem {
+  ExpertTask task;
+  int tile;
+  int pair;
+};
+
+// Weight row i (0..15) of an item's m16 tile: gate rows r0.. then up rows I+r0.. (gate/up), or
+// 16 consecutive W2 rows (down).
+template <bool kGateUp>
+__device__ __forceinline__ const __nv_bfloat16* tile_row(const ExpertsParams& p, int expert,
+                                                         int r0, int i) {
+  const __nv_bfloat16* wexp = p.w + static_cast<long long>(expert) * p.w_expert_stride;
+  int row = r0 + i;
+  if constexpr (kGateUp) row = i < 8 ? r0 + i : p.inter + r0 + (i - 8);
+  return wexp + static_cast<size_t>(row) * p.k;
+}
+
+// kGateUp: gate/up + activation, else down (+ combine). kNT: n-tiles of 8 tokens per task.
+template <bool kGateUp, int kNT>
+__global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
+  static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
+  constexpr int kStages = BulkShape<kNT>::kStages;
+  constexpr int kChunkBlocks = BulkShape<kNT>::kChunkBlocks;
+  static_assert(kChunkBlocks % kBulkConsumerWarps == 0, "whole blocks per consumer warp");
+  using L = BulkLayout<kNT, kStages, kChunkBlocks>;
+  constexpr int kTileRows = kGateUp ? 8 : 16;  // output rows per item (gate/up: 8 of h)
+  constexpr int kBlocksPerWarp = kChunkBlocks / kBulkConsumerWarps;
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* red = reinterpret_cast<float*>(smem + L::kRedOffset);
+  BulkItem* stage_meta = reinterpret_cast<BulkItem*>(smem + L::kMetaOffset);
+  BulkItem* item_meta = stage_meta + kStages;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
+  uint64_t* empty = full + kStages;
+  uint64_t* red_full = empty + kStages;
+  uint64_t* red_empty = red_full + kRedBuffers;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 32);  // every producer lane (the item record is written by several)
+      mbar_init(&empty[s], kBulkConsumerWarps);
+    }
+    for (int b = 0; b < kRedBuffers; ++b) {
+      mbar_init(&red_full[b], kBulkConsumerWarps * 32);  // every lane that wrote the buffer
+      mbar_init(&red_empty[b], 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if constexpr (kGateUp) {
+    pdl_wait();  // the dispatch is the kernel just before
+    pdl_launch_dependents();  // the down kernel may take SMs as our CTAs finish (header)
+  }
+  const int num_tasks = *p.num_tasks;
+  const int total = num_tasks * (p.rows / kTileRows);
+  const int nkb = p.k / kBlockK;
+  const int nchunks = (nkb + kChunkBlocks - 1) / kChunkBlocks;
+  // this CTA's items: a contiguous range (tile-major, so most of a down tile's items are one
+  // CTA's and it combines the tile without a counter round trip); sizes differ by at most one
+  const int item_begin =
+      static_cast<int>(static_cast<long long>(total) * blockIdx.x / gridDim.x);
+  const int item_end =
+      static_cast<int>(static_cast<long long>(total) * (blockIdx.x + 1) / gridDim.x);
+
+  if (warp == kBulkProducerWarp) {
+    // ---- producer: the whole warp walks the items (lanes fetch pair ids), lane 0 issues ----
+    auto fetch = [&](int item) {
+      ProducerItem it;
+      it.tile = item / num_tasks;
+      it.task = p.tasks[item - it.tile * num_tasks];
+      it.pair = 0;
+      return it;
+    };
+    auto fetch_pair = [&](ProducerItem& it) {
+      if (lane < it.task.count) it.pair = p.pair_list[it.task.begin + lane];
+    };
+    // The copies of stage s (record m): lane i < 16 copies weight row i, lane 16 + j the
+    // activation row of token j (kNT * 8 <= 16 tokens), so the address arithmetic runs on all
+    // lanes at once and only the copy instructions themselves take turns (the compiler issues a
+    // bulk copy once per active lane). Weights and/or activations (down: activations only after
+    // pdl_wait).
+    auto issue_copies = [&](int s, const BulkItem& m, bool weights, bool acts) {
+      const int blocks = min(kChunkBlocks, nkb - m.chunk * kChunkBlocks);
+      const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
+      const int k0 = m.chunk * kChunkBlocks * kBlockK;
+      const __nv_bfloat16* src = nullptr;
+      if (lane < kBulkWeightRows) {
+        if (weights) src = tile_row<kGateUp>(p, m.expert, m.tile * kTileRows, lane) + k0;
+      } else if (acts && lane - kBulkWeightRows < m.count) {
+        const int pair = m.pairs[lane - kBulkWeightRows];
+        src = p.x + static_cast<size_t>(pair / p.x_row_div) * p.k + k0;
+      }
+      if (src != nullptr) {
+        bulk_copy(smem + s * L::kStageBytes + lane * L::kPitch, src, row_bytes, &full[s]);
+      }
+    };
+    bool waited = kGateUp;
+    int n = 0;  // stage fills so far
+    // Two items of look-ahead: item i+1's pair ids and item i+2's task are in flight while item
+    // i's stages are issued (a down item can be a single ~24 KB stage, shorter than the two
+    // dependent L2 round trips of task then pair ids).
+    auto clamp = [&](int i) { return min(i, item_end - 1); };
+    ProducerItem cur{}, nxt{}, nxt2{};
+    if (item_begin < item_end) {
+      cur = fetch(item_begin);
+      fetch_pair(cur);
+      nxt = fetch(clamp(item_begin + 1));
+      fetch_pair(nxt);
+      nxt2 = fetch(clamp(item_begin + 2));
+    }
+    for (int item = item_begin; item < item_end; ++item) {
+      for (int c = 0; c < nchunks; ++c, ++n) {
+        const int s = n % kStages;
+        if (!waited && n >= kStages) {
+          // the ring is full of weights: wait for h, then complete the stages issued so far
+          pdl_wait();
+          waited = true;
+          for (int q = 0; q < kStages; ++q) issue_copies(q, stage_meta[q], false, true);
+        }
+        mbar_wait(&empty[s], ((n / kStages) & 1) ^ 1);
+        BulkItem& m = stage_meta[s];
+        if (lane < 16) m.pairs[lane] = cur.pair;
+        if (lane == 0) {
+          m.item = item;
+          m.expert = cur.task.expert;
+          m.tile = cur.tile;
+          m.count = cur.task.count;
+          m.chunk = c;
+        }
+        if (lane == 0) {
+          const int blocks = min(kChunkBlocks, nkb - c * kChunkBlocks);
+          const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
+          mbar_arrive_expect_tx(&full[s], row_bytes * (kBulkWeightRows + cur.task.count));
+        } else {
+          mbar_arrive(&full[s]);
+        }
+        __syncwarp();  // the record is complete and the byte count armed before any copy
+        issue_copies(s, m, true, waited);
+      }
+      cur = nxt;
+      nxt = nxt2;
+      fetch_pair(nxt);  // its task was fetched an item ago
+      nxt2 = fetch(clamp(item + 3));
+    }
+    if (!waited) {
+      pdl_wait();
+      for (int q = 0; q < n; ++q) issue_copies(q, stage_meta[q], false, true);
+    }
+    // no more work: an item record of -1 in the next stage
+    const int s = n % kStages;
+    mbar_wait(&empty[s], ((n / kStages) & 1) ^ 1);
+    if (lane == 0) stage_meta[s].item = -1;
+    mbar_arrive(&full[s]);
+    return;
+  }
+
+  const int g = lane >> 2, t = lane & 3;
+  if (warp == kBulkEpilogueWarp) {
+    // ---- epilogue: reduce in warp order, write the outputs, count and combine down tiles ----
+    if constexpr (!kGateUp) pdl_wait();  // the combine reads outputs of earlier kernels
+    for (int seq = 0;; ++seq) {
+      const int buf = seq % kRedBuffers;
+      mbar_wait(&red_full[buf], (seq / kRedBuffers) & 1);
+      const BulkItem& m = item_meta[buf];
+      if (m.item < 0) break;
+      const float* rbuf = red + buf * L::kRedFloats;
+      float acc[kNT][4];
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kBulkConsumerWarps; ++w) {
+            sum += rbuf[(w * kNT * 4 + j * 4 + r) * 32 + lane];
+          }
+          acc[j][r] = sum;
+        }
+      }
+      const int item = m.item, tile = m.tile;
+      store_item_outputs<kGateUp, kNT>(p, m.expert, tile * kTileRows, m.count, m.pairs, acc, g, t);
+      __syncwarp();
+      mbar_arrive(&red_empty[buf]);  // the buffer and its record are read
+      const bool closes_tile = item + 1 == item_end || (item + 1) / num_tasks != tile;
+      if (!kGateUp && p.tile_counters != nullptr && closes_tile) {
+        // this CTA's last item of the tile: combine it here if all its items were ours (the
+        // warp wrote every partial: __syncwarp orders them), else count ours in and let the
+        // CTA that completes the count combine
+        const int mine = item + 1 - max(item_begin, tile * num_tasks);
+        bool combine = mine == num_tasks;
+        if (!combine) {
+          __threadfence();  // our partials are visible before the counter counts them
+          __syncwarp();
+          int last = 0;
+          if (lane == 0) last = atomicAdd(p.tile_counters + tile, mine) + mine == num_tasks;
+          combine = __shfl_sync(0xffffffffu, last, 0);
+          if (combine) {
+            __threadfence();
+            if (lane == 0) p.tile_counters[tile] = 0;
+          }
+        }
+        if (combine) combine_tile(p, tile, lane, 32);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  float acc[kNT][4];
+  int count = 0;
+  int c = 0;    // k chunk of the current item
+  int seq = 0;  // items finished by this CTA
+  for (int n = 0;; ++n) {
+    const int s = n % kStages;
+    mbar_wait(&full[s], (n / kStages) & 1);
+    const BulkItem& m = stage_meta[s];
+    const int buf = seq % kRedBuffers;
+    const uint32_t empty_parity = ((seq / kRedBuffers) & 1) ^ 1;
+    if (c == 0) {
+      const int item = m.item;
+      if (item < 0) {
+        // tell the epilogue warp: a record of -1 in the next reduction buffer (every warp waits
+        // for the buffer, so no arrival can count towards the buffer's previous use)
+        mbar_wait(&red_empty[buf], empty_parity);
+        if (warp == 0 && lane == 0) item_meta[buf].item = -1;
+        __syncwarp();
+        mbar_arrive(&red_full[buf]);
+        break;
+      }
+      count = m.count;
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+      if (warp == 0) {
+        // the item's record for the epilogue (the stage is reused before the item ends)
+        mbar_wait(&red_empty[buf], empty_parity);
+        if (lane < kBulkItemWords) {
+          reinterpret_cast<int*>(&item_meta[buf])[lane] = reinterpret_cast<const int*>(&m)[lane];
+        }
+      }
+    }
+    const unsigned char* stage = smem + s * L::kStageBytes;
+#pragma unroll
+    for (int u = 0; u < kBlocksPerWarp; ++u) {
+      const int blk = warp + u * kBulkConsumerWarps;
+      if (c * kChunkBlocks + blk < nkb) {
+        const unsigned char* lo = stage + g * L::kPitch + blk * kBlockK * 2 + 16 * t;
+        const unsigned char* hi = lo + 8 * L::kPitch;
+        const uint4 a[4] = {*reinterpret_cast<const uint4*>(lo),
+                            *reinterpret_cast<const uint4*>(lo + 64),
+                            *reinterpret_cast<const uint4*>(hi),
+                            *reinterpret_cast<const uint4*>(hi + 64)};
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          if (j * 8 < count) {
+            // token j*8+g's row; rows past the count were not copied: zeros
+            const unsigned char* x = lo + (kBulkWeightRows + j * 8) * L::kPitch;
+            uint4 b[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+            if (j * 8 + g < count) {
+              b[0] = *reinterpret_cast<const uint4*>(x);
+              b[1] = *reinterpret_cast<const uint4*>(x + 64);
+            }
+            mma_block(acc[j], a, b);
+          }
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);  // release: this warp's reads of the stage are done
+    if (++c < nchunks) continue;
+
+    // item end: hand the accumulators to the epilogue warp
+    c = 0;
+    if (warp != 0) mbar_wait(&red_empty[buf], empty_parity);  // warp 0 waited at item start
+    float* rbuf = red + buf * L::kRedFloats;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) rbuf[(warp * kNT * 4 + j * 4 + r) * 32 + lane] = acc[j][r];
+    }
+    mbar_arrive(&red_full[buf]);  // every lane: each wrote its part of the buffer
+    ++seq;
+  }
+}
+
+}  // namespace moekit::cuda::experts_detail

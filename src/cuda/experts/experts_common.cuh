@@ -1,0 +1,134 @@
+// What the grouped expert kernels share (experts_kernel.cuh: weights streamed through registers;
+// experts_bulk_kernel.cuh: through a bulk-copy ring in shared memory): the k-block geometry, the
+// mma fragments, the activation, the item epilogue (h = act(g, u) or the fp32 down partials) and
+// the deterministic down combine.
+//
+// Fragments: "swap AB": 16 weight rows are the M side of mma.m16n8k16 (bf16 in, fp32 accumulate),
+// 8 tokens the N side. K is permuted identically for weights and activations, so the dot
+// products are unchanged: thread t of a row quad holds elements 8t..8t+7 and 32+8t..32+8t+7 of a
+// 64-wide k block (whole 32-byte sectors per load); in mma step s its logical k {2t,2t+1} /
+// {2t+8,2t+9} are its physical elements {4s,4s+1} / {4s+2,4s+3}.
+//   gate/up tile: rows 0-7 = gate rows r0..r0+7, rows 8-15 = up rows I+r0.., so one thread holds
+//                 gate and up of the same (row, token) and writes h = act(g, u) straight away
+//   down tile:    16 rows of W2 (output columns of y)
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/experts/experts.h"
+
+namespace moekit::cuda::experts_detail {
+
+constexpr int kBlockK = 64;
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One 64-wide k block: a = {lo row first 8, lo row second 8, hi row first 8, hi row second 8},
+// b = {token first 8, token second 8}; four mma steps.
+__device__ __forceinline__ void mma_block(float (&c)[4], const uint4 (&a)[4], const uint4 (&b)[2]) {
+  mma_bf16(c, a[0].x, a[2].x, a[0].y, a[2].y, b[0].x, b[0].y);
+  mma_bf16(c, a[0].z, a[2].z, a[0].w, a[2].w, b[0].z, b[0].w);
+  mma_bf16(c, a[1].x, a[3].x, a[1].y, a[3].y, b[1].x, b[1].y);
+  mma_bf16(c, a[1].z, a[3].z, a[1].w, a[3].w, b[1].z, b[1].w);
+}
+
+__device__ __forceinline__ float activate(Activation act, float g, float u, float limit,
+                                          float alpha, float beta) {
+  if (limit > 0.0f) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+  }
+  if (act == Activation::Silu) return g / (1.0f + expf(-g)) * u;
+  const float glu = g / (1.0f + expf(-alpha * g));
+  return (u + beta) * glu;
+}
+
+// The item's outputs from the reduced accumulators of one warp (lane = (g, t)): h = act(gate, up)
+// in bf16 (gate/up) or the unweighted fp32 partial rows (down), bias included. acc[j] holds rows
+// (r0+g | gate, up) or (r0+g, r0+g+8) for tokens 2t, 2t+1 of n-tile j; pairs[col] is the pair
+// (row of h / partial) of the task's token col, for col < count.
+template <bool kGateUp, int kNT>
+__device__ __forceinline__ void store_item_outputs(const ExpertsParams& p, int expert, int r0,
+                                                   int count, const int* pairs,
+                                                   const float (&acc)[kNT][4], int g, int t) {
+  const float* bias = p.bias != nullptr ? p.bias + expert * p.bias_expert_stride : nullptr;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = j * 8 + 2 * t + c;
+      if (col < count) {
+        const int pair = pairs[col];
+        if constexpr (kGateUp) {
+          float gate = acc[j][c], up = acc[j][2 + c];
+          if (bias != nullptr) {
+            gate += bias[r0 + g];
+            up += bias[p.inter + r0 + g];
+          }
+          p.h[static_cast<size_t>(pair) * p.inter + r0 + g] =
+              __float2bfloat16_rn(activate(p.activation, gate, up, p.limit, p.alpha, p.beta));
+        } else {
+          float lo = acc[j][c], hi = acc[j][2 + c];
+          if (bias != nullptr) {
+            lo += bias[r0 + g];
+            hi += bias[r0 + g + 8];
+          }
+          float* out = p.partial + static_cast<size_t>(pair) * p.rows + r0 + g;
+          out[0] = lo;
+          out[8] = hi;
+        }
+      }
+    }
+  }
+}
+
+// The combine of one 16-row down tile, by the CTA that completed the tile's last item (after a
+// threadfence): y[t] = sum_s w[t,s] * partial[t,s] in slot order (+ the unfused shared MLP's
+// partial), bf16 out; threads [0, nthreads) of the caller split the (token, row) outputs. The
+// order of the sums is fixed, so the result is deterministic: no float atomics.
+__device__ __forceinline__ void combine_tile(const ExpertsParams& p, int tile, int tid,
+                                             int nthreads) {
+  constexpr int kTileRows = 16;
+  constexpr int kPerThread = 8;  // outputs per thread per pass; with 4 slots unrolled, 32 loads in flight
+  const int r0 = tile * kTileRows;
+  const int n = p.tokens * kTileRows;
+  for (int i0 = tid; i0 < n; i0 += kPerThread * nthreads) {
+    float y[kPerThread];
+    int tok[kPerThread], r[kPerThread];
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const int i = min(i0 + u * nthreads, n - 1);  // past the end: recomputes the last output
+      tok[u] = i / kTileRows;
+      r[u] = r0 + (i - tok[u] * kTileRows);
+      y[u] = 0.0f;
+    }
+#pragma unroll 4
+    for (int s = 0; s < p.slots; ++s) {
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u) {
+        const size_t q = static_cast<size_t>(tok[u]) * p.slots + s;
+        y[u] += p.slot_weights[q] * __ldcg(p.partial + q * p.rows + r[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      if (i0 + u * nthreads >= n) continue;
+      if (p.shared_partial != nullptr) {
+        y[u] += p.shared_scale[tok[u]] *
+                __ldcg(p.shared_partial + static_cast<size_t>(tok[u]) * p.rows + r[u]);
+      }
+      p.y[static_cast<size_t>(tok[u]) * p.rows + r[u]] = __float2bfloat16_rn(y[u]);
+    }
+  }
+}
+
+}  // namespace moekit::cuda::experts_detail
