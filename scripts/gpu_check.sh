@@ -53,8 +53,10 @@ note "stages: $STAGES"
 
 if has_stage build; then
   export PATH="$PATH:/usr/local/cuda/bin"
+  # why CMAKE_MAKE_PROGRAM: a build folder configured on another machine (carried to save the
+  # build) records that machine's ninja path
   timed configure "$LOGS/build.log" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DMOEKIT_CUDA=ON "-DCMAKE_CUDA_FLAGS=-Xptxas=-v"
+    -DMOEKIT_CUDA=ON "-DCMAKE_CUDA_FLAGS=-Xptxas=-v" "-DCMAKE_MAKE_PROGRAM=$(command -v ninja)"
   timed build "$LOGS/build.log" cmake --build "$BUILD" -j "$(nproc)" \
     || grep -E "error" "$LOGS/build.log" | head -30 | tee -a "$summary"
   note "ptxas: $(grep -c 'Used [0-9]* registers' "$LOGS/build.log") kernels reported," \
