@@ -310,20 +310,8 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
       mbar_wait(&red_full[buf], (seq / kRedBuffers) & 1);
       const BulkItem& m = item_meta[buf];
       if (m.item < 0) break;
-      const float* rbuf = red + buf * L::kRedFloats;
       float acc[kNT][4];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          float sum = 0.0f;
-#pragma unroll
-          for (int w = 0; w < kBulkConsumerWarps; ++w) {
-            sum += rbuf[(w * kNT * 4 + j * 4 + r) * 32 + lane];
-          }
-          acc[j][r] = sum;
-        }
-      }
+      sum_warp_partials<kBulkConsumerWarps, kNT>(red + buf * L::kRedFloats, lane, acc);
       const int item = m.item, tile = m.tile;
       store_item_outputs<kGateUp, kNT>(p, m.expert, tile * kTileRows, m.count, m.pairs, acc, g, t);
       __syncwarp();
@@ -346,7 +334,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
             if (lane == 0) p.tile_counters[tile] = 0;
           }
         }
-        if (combine) combine_tile(p, tile, lane, 32);
+        if (combine) combine_tile<8, 4>(p, tile, lane, 32);
       }
     }
     return;

@@ -52,6 +52,23 @@ __device__ __forceinline__ float activate(Activation act, float g, float u, floa
   return (u + beta) * glu;
 }
 
+// acc[j][r] = the sum over warps w = 0, 1, ... (in that order: deterministic) of
+// red[(w * kNT * 4 + j * 4 + r) * 32 + lane], the layout [warps][kNT * 4][32] both kernels use.
+template <int kWarpsIn, int kNT>
+__device__ __forceinline__ void sum_warp_partials(const float* red, int lane,
+                                                  float (&acc)[kNT][4]) {
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarpsIn; ++w) s += red[(w * kNT * 4 + j * 4 + r) * 32 + lane];
+      acc[j][r] = s;
+    }
+  }
+}
+
 // The item's outputs from the reduced accumulators of one warp (lane = (g, t)): h = act(gate, up)
 // in bf16 (gate/up) or the unweighted fp32 partial rows (down), bias included. acc[j] holds rows
 // (r0+g | gate, up) or (r0+g, r0+g+8) for tokens 2t, 2t+1 of n-tile j; pairs[col] is the pair
@@ -95,10 +112,13 @@ __device__ __forceinline__ void store_item_outputs(const ExpertsParams& p, int e
 // threadfence): y[t] = sum_s w[t,s] * partial[t,s] in slot order (+ the unfused shared MLP's
 // partial), bf16 out; threads [0, nthreads) of the caller split the (token, row) outputs. The
 // order of the sums is fixed, so the result is deterministic: no float atomics.
+// kPerThread outputs per thread per pass and kSlotUnroll slots unrolled: kPerThread * kSlotUnroll
+// partial loads in flight per thread. A whole CTA combining (the register kernel: 256 threads,
+// 128 registers) takes 1 x 1; one warp combining alone (the bulk kernel's epilogue) takes 8 x 4.
+template <int kPerThread, int kSlotUnroll>
 __device__ __forceinline__ void combine_tile(const ExpertsParams& p, int tile, int tid,
                                              int nthreads) {
   constexpr int kTileRows = 16;
-  constexpr int kPerThread = 8;  // outputs per thread per pass; with 4 slots unrolled, 32 loads in flight
   const int r0 = tile * kTileRows;
   const int n = p.tokens * kTileRows;
   for (int i0 = tid; i0 < n; i0 += kPerThread * nthreads) {
@@ -111,7 +131,7 @@ __device__ __forceinline__ void combine_tile(const ExpertsParams& p, int tile, i
       r[u] = r0 + (i - tok[u] * kTileRows);
       y[u] = 0.0f;
     }
-#pragma unroll 4
+#pragma unroll kSlotUnroll
     for (int s = 0; s < p.slots; ++s) {
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u) {

@@ -248,16 +248,7 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
 
     // reduce across the warps that split K, in warp order; epilogue on warp 0
     if (warp == 0) {
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          float s = 0.0f;
-#pragma unroll
-          for (int w = 0; w < kW; ++w) s += red[w][j * 4 + r][lane];
-          acc[j][r] = s;
-        }
-      }
+      sum_warp_partials<kW, kNT>(&red[0][0][0], lane, acc);
       store_item_outputs<kGateUp, kNT>(p, ctx.task.expert, ctx.r0, ctx.task.count,
                                         p.pair_list + ctx.task.begin, acc, g, t);
       // down: only warp 0 wrote partials, so only it fences them before the tile counter, and
@@ -276,7 +267,7 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
         __syncthreads();
         if (s_last) {
           __threadfence();
-          combine_tile(p, ctx.tile, threadIdx.x, kW * 32);
+          combine_tile<1, 1>(p, ctx.tile, threadIdx.x, kW * 32);
           if (threadIdx.x == 0) p.tile_counters[ctx.tile] = 0;
         }
       }
