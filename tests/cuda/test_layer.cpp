@@ -11,7 +11,7 @@
 //     CUDA-graph replay, launch count, dispatch invariants, error messages
 // DeepSeek-V3 runs once at its real shape (T = 1, 7) with its 22.6 GB layer made on the GPU.
 // Outputs are poisoned (NaN / -1) before every run by GpuMoeLayer::forward. Without a GPU every
-// test skips saying why.
+// test skips saying why, except the host-side choice of the expert-kernel variant.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -24,9 +24,11 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/random_values.h"
+#include "cuda/experts/experts.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
@@ -564,6 +566,44 @@ TEST(GpuLayerRealShape, DeepSeekV3MatchesCpuReference) {
       expect_layer_matches_cpu(spec, *w, x.data(), tokens, g, fuse, what.str());
     }
   }
+}
+
+// ---- the expert-kernel variant choice (host code: runs without a GPU) ----
+
+TEST(ExpertsVariant, OverrideParsesItsValuesAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_KERNEL");
+  EXPECT_FALSE(cuda::experts_stream_override().has_value());
+  const std::pair<const char*, cuda::ExpertsStream> values[] = {
+      {"regs", cuda::ExpertsStream::Registers},
+      {"regs-early", cuda::ExpertsStream::RegistersEarlyActs},
+      {"bulk", cuda::ExpertsStream::Bulk}};
+  for (const auto& [name, stream] : values) {
+    setenv("MOEKIT_EXPERTS_KERNEL", name, 1);
+    EXPECT_EQ(cuda::experts_stream_override(), stream) << name;
+  }
+  setenv("MOEKIT_EXPERTS_KERNEL", "ring", 1);  // the removed cp.async variant
+  try {
+    cuda::experts_stream_override();
+    ADD_FAILURE() << "expected an error for MOEKIT_EXPERTS_KERNEL=ring";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "MOEKIT_EXPERTS_KERNEL='ring' (expected regs, regs-early or bulk)"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("MOEKIT_EXPERTS_KERNEL");
+}
+
+TEST(ExpertsVariant, DefaultIsTheBulkKernelAtDecodeBatches) {
+  // the limits measured on the H200 (experts.cu): DeepSeek-V3's experts (H = 7168) up to 128
+  // tokens, Qwen3-30B-A3B's (H = 2048) up to 64; the register kernels above
+  using cuda::ExpertsStream;
+  EXPECT_EQ(cuda::experts_stream_default(7168, 1), ExpertsStream::Bulk);
+  EXPECT_EQ(cuda::experts_stream_default(7168, 128), ExpertsStream::Bulk);
+  EXPECT_EQ(cuda::experts_stream_default(7168, 129), ExpertsStream::RegistersEarlyActs);
+  EXPECT_EQ(cuda::experts_stream_default(2048, 1), ExpertsStream::Bulk);
+  EXPECT_EQ(cuda::experts_stream_default(2048, 64), ExpertsStream::Bulk);
+  EXPECT_EQ(cuda::experts_stream_default(2048, 65), ExpertsStream::Registers);
 }
 
 }  // namespace
