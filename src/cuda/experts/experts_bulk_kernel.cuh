@@ -108,7 +108,7 @@ struct BulkItem {
   int tile;
   int count;  // tokens of the task
   int chunk;  // k chunk of this stage
-  int pad[3];
+  int pad[3];  // 96 bytes: the barriers after the records stay 8-byte aligned
   int pairs[16];  // pair ids of the task's tokens (rows of h / partial)
 };
 constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
@@ -124,6 +124,9 @@ struct BulkLayout {
   static constexpr int kBarOffset = kMetaOffset + (kStages + kRedBuffers) * sizeof(BulkItem);
   static constexpr int kBytes = kBarOffset + 2 * (kStages + kRedBuffers) * 8;
   static_assert(kPitch % 16 == 0 && kStageBytes % 16 == 0, "bulk copies need 16-byte alignment");
+  static_assert(kBarOffset % 8 == 0, "mbarriers need 8-byte alignment");
+  // why: sm_90's largest dynamic shared memory per block (227 KB), one CTA per SM
+  static_assert(kBytes <= 227 * 1024, "the ring does not fit in shared memory");
 };
 
 // Ring depth and chunk per n-tiles: ~200 KB of shared memory, 1 CTA per SM.
