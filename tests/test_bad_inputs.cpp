@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"
 #include "io_test_util.h"
 #include "moekit/checkpoint.h"
 #include "moekit/cpu_fast.h"
@@ -40,24 +41,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::expect_error;
 using test::scratch_dir;
 using test::small_spec;
-
-// Runs fn and expects a moekit::Error whose message holds every fragment.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& f : fragments)
-      EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a moekit::Error, got another exception: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected a moekit::Error holding '" << fragments.front() << "', got none";
-}
 
 json read_config(const std::string& model) {
   std::ifstream in(std::string(MOEKIT_TEST_DATA_DIR) + "/../configs/" + model + ".json");

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "expect_error.h"
 #include "io/tensor_convert.h"
 #include "io_test_util.h"
 #include "moekit/checkpoint.h"
@@ -354,15 +355,7 @@ TEST(Checkpoint, GptOssMxfp4DecodesToMoekitLayout) {
 
 // ---- malformed checkpoints ----
 
-// Runs f, expecting a moekit::Error whose text holds every fragment.
-void expect_error(const std::function<void()>& f, std::vector<std::string> fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing '" << fragments.at(0) << "'";
-  } catch (const moekit::Error& e) {
-    for (const auto& frag : fragments) EXPECT_THAT(e.what(), HasSubstr(frag));
-  }
-}
+using moekit::test::expect_error;
 
 // Saves a small Qwen3-MoE layer, then rewrites its file through `edit` (which may drop a tensor by
 // returning false, or change its dtype / shape / bytes).

@@ -15,34 +15,24 @@
 #include <vector>
 
 #include "common/random_values.h"
-#include "shrunk_spec.h"
+#include "expect_error.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
 #include "moekit/spec.h"
 #include "moekit/weights.h"
+#include "shrunk_spec.h"
 
 namespace moekit {
 namespace {
 
 using random_values::stream_key;
+using test::expect_error;
 using random_values::Tensor;
 using random_values::uniform;
 
 constexpr int kHidden = 64;
 constexpr int kInter = 16;
 constexpr int kExperts = 32;
-
-void expect_error_with(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected a moekit::Error";
-}
 
 MoeSpec shrunk_spec(const std::string& model) {
   return test::shrunk_spec(model, kHidden, kInter, kExperts);
@@ -336,14 +326,14 @@ TEST(ReferenceLayer, FuseModes) {
   const auto w = make_random_weights(mixtral, mixtral.moe_layers.front(), 1);
   const std::vector<Bf16> x = random_input(2, kHidden, 1, 1.0f);
   EXPECT_FALSE(cpu_reference::forward(*w, x.data(), 2, FuseShared::Auto).fused);
-  expect_error_with([&] { cpu_reference::forward(*w, x.data(), 2, FuseShared::On); },
+  expect_error([&] { cpu_reference::forward(*w, x.data(), 2, FuseShared::On); },
                     {"shared_intermediate", "expert_intermediate"});
 
   MoeSpec odd = shrunk_spec("deepseek-v3");
   odd.shared_intermediate = kInter + kInter / 2;  // 1.5 slots: cannot fuse
   const auto wo = make_random_weights(odd, odd.moe_layers.front(), 1);
   EXPECT_FALSE(cpu_reference::forward(*wo, x.data(), 2, FuseShared::Auto).fused);
-  expect_error_with([&] { cpu_reference::forward(*wo, x.data(), 2, FuseShared::On); },
+  expect_error([&] { cpu_reference::forward(*wo, x.data(), 2, FuseShared::On); },
                     {"shared_intermediate (24)", "expert_intermediate (16)"});
 
   const MoeSpec dsv3 = shrunk_spec("deepseek-v3");
@@ -366,14 +356,14 @@ TEST(ReferenceLayer, TouchesOnlyRoutedExperts) {
 TEST(ReferenceLayer, NonFiniteInputThrowsNamingTokenAndColumn) {
   std::vector<Bf16> x = random_input(3, kHidden, 4, 1.0f);
   x[2 * kHidden + 17] = float_to_bf16(std::nanf(""));
-  expect_error_with([&] { check_finite_input(x.data(), 3, kHidden); }, {"token 2", "column 17"});
+  expect_error([&] { check_finite_input(x.data(), 3, kHidden); }, {"token 2", "column 17"});
   const MoeSpec spec = shrunk_spec("glm-4.5");
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 1);
-  expect_error_with([&] { cpu_reference::forward(*w, x.data(), 3, FuseShared::Off); },
+  expect_error([&] { cpu_reference::forward(*w, x.data(), 3, FuseShared::Off); },
                     {"token 2", "column 17"});
   x[2 * kHidden + 17] = float_to_bf16(-INFINITY);
   x[0 * kHidden + 3] = float_to_bf16(INFINITY);
-  expect_error_with([&] { check_finite_input(x.data(), 3, kHidden); }, {"token 0", "column 3"});
+  expect_error([&] { check_finite_input(x.data(), 3, kHidden); }, {"token 0", "column 3"});
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/random_values.h"
+#include "expect_error.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
 #include "moekit/routing.h"
@@ -30,21 +31,10 @@ RoutingConfig make_cfg(int experts, int top_k, Scoring scoring) {
   return cfg;
 }
 
+using test::expect_error;
+
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 double softplus(double x) { return std::log(1.0 + std::exp(x)); }
-
-// Runs fn, expects a moekit::Error whose message holds every one of `parts`.
-void expect_error_with(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "expected a moekit::Error";
-}
 
 void expect_ids(const Routing& r, int token, const std::vector<int>& ids) {
   ASSERT_EQ(r.slots, static_cast<int>(ids.size()));
@@ -187,9 +177,9 @@ TEST(Routing, NonFiniteLogitThrowsNamingTokenAndExpert) {
   std::vector<float> logits(2 * 8, 0.0f);
   logits[1 * 8 + 5] = std::numeric_limits<float>::quiet_NaN();
   const RoutingConfig cfg = make_cfg(8, 2, Scoring::Sigmoid);
-  expect_error_with([&] { route(cfg, logits.data(), 2, nullptr); }, {"token 1", "expert 5", "nan"});
+  expect_error([&] { route(cfg, logits.data(), 2, nullptr); }, {"token 1", "expert 5", "nan"});
   logits[1 * 8 + 5] = std::numeric_limits<float>::infinity();
-  expect_error_with([&] { route(cfg, logits.data(), 2, nullptr); }, {"token 1", "expert 5", "inf"});
+  expect_error([&] { route(cfg, logits.data(), 2, nullptr); }, {"token 1", "expert 5", "inf"});
 }
 
 TEST(Routing, SqrtSoftplusBiasHandComputed) {
@@ -304,16 +294,16 @@ TEST(Routing, RandomLogitsInvariants) {
 TEST(Routing, BadConfigsThrow) {
   std::vector<float> logits(8, 0.0f);
   RoutingConfig cfg = make_cfg(8, 9, Scoring::Softmax);
-  expect_error_with([&] { route(cfg, logits.data(), 1, nullptr); }, {"top_k", "9"});
+  expect_error([&] { route(cfg, logits.data(), 1, nullptr); }, {"top_k", "9"});
   cfg = make_cfg(8, 2, Scoring::Softmax);
   cfg.n_group = 3;
-  expect_error_with([&] { route(cfg, logits.data(), 1, nullptr); }, {"n_group", "3"});
+  expect_error([&] { route(cfg, logits.data(), 1, nullptr); }, {"n_group", "3"});
   cfg = make_cfg(8, 2, Scoring::Sigmoid);
   cfg.has_correction_bias = true;
-  expect_error_with([&] { route(cfg, logits.data(), 1, nullptr); }, {"correction_bias"});
+  expect_error([&] { route(cfg, logits.data(), 1, nullptr); }, {"correction_bias"});
   cfg = make_cfg(8, 2, Scoring::Softmax);
   cfg.shared_kind = SharedKind::Gated;  // needs the gate column
-  expect_error_with([&] { route(cfg, logits.data(), 1, nullptr); }, {"logits_columns", "9"});
+  expect_error([&] { route(cfg, logits.data(), 1, nullptr); }, {"logits_columns", "9"});
 }
 
 TEST(Routing, FromSpecFusionNeedsWholeSlots) {
@@ -334,7 +324,7 @@ TEST(Routing, FromSpecFusionNeedsWholeSlots) {
   EXPECT_EQ(cfg.routed_scaling_factor, 2.5f);
   EXPECT_EQ(RoutingConfig::from_spec(spec, false).shared_slots, 0);
   spec.shared_intermediate = 24;
-  expect_error_with([&] { RoutingConfig::from_spec(spec, true); },
+  expect_error([&] { RoutingConfig::from_spec(spec, true); },
                     {"shared_intermediate", "24", "expert_intermediate", "16"});
   EXPECT_EQ(RoutingConfig::from_spec(spec, false).shared_slots, 0);
   spec.shared_kind = SharedKind::Gated;
@@ -373,8 +363,8 @@ TEST(FuseShared, NamesParseAndEnvironment) {
   for (FuseShared f : {FuseShared::Auto, FuseShared::On, FuseShared::Off})
     EXPECT_EQ(parse_fuse_shared(fuse_shared_name(f)), f);
   EXPECT_STREQ(fuse_shared_name(FuseShared::On), "on");
-  expect_error_with([] { parse_fuse_shared("yes"); }, {"'yes'", "auto", "on", "off"});
-  expect_error_with([] { parse_fuse_shared("ON"); }, {"'ON'"});
+  expect_error([] { parse_fuse_shared("yes"); }, {"'yes'", "auto", "on", "off"});
+  expect_error([] { parse_fuse_shared("ON"); }, {"'ON'"});
   {
     ScopedFuseEnv env(nullptr);
     EXPECT_EQ(fuse_shared_from_env(FuseShared::Auto), FuseShared::Auto);
@@ -397,7 +387,7 @@ TEST(FuseShared, NamesParseAndEnvironment) {
   }
   {
     ScopedFuseEnv env("maybe");
-    expect_error_with([] { fuse_shared_from_env(FuseShared::Auto); },
+    expect_error([] { fuse_shared_from_env(FuseShared::Auto); },
                       {"MOEKIT_FUSE_SHARED_EXPERTS", "'maybe'", "auto", "on", "off"});
   }
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"
 #include "moekit/error.h"
 #include "moekit/spec.h"
 #include "moekit/tuning.h"
@@ -20,21 +21,9 @@ namespace {
 constexpr RouterGemmConfig kDot1{RouterGemmBackend::Dot, 256, 1, 1, 1};
 constexpr RouterGemmConfig kDot4{RouterGemmBackend::Dot, 128, 2, 4, 1};
 constexpr RouterGemmConfig kSplit{RouterGemmBackend::SplitK, 256, 16, 8, 4};
-constexpr RouterGemmConfig kCublas{RouterGemmBackend::Cublas, 0, 0, 0, 1};
+using test::expect_error;
 
-// Expects `f` to throw moekit::Error whose message contains every one of `parts`.
-template <typename F>
-void expect_error(F f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error containing '" << parts.front() << "'";
-  } catch (const Error& e) {
-    for (const std::string& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << p << "'";
-    }
-  }
-}
+constexpr RouterGemmConfig kCublas{RouterGemmBackend::Cublas, 0, 0, 0, 1};
 
 TEST(RouterGemmTuning, LegalityRules) {
   EXPECT_EQ(router_gemm_config_problem(router_gemm_fallback(), DType::BF16, 100, 3, 1), nullptr);
