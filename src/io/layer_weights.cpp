@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
 
 #include "io/lazy_experts.h"
+#include "io/mem_available.h"
 #include "moekit/error.h"
 #include "moekit/weights.h"
 
@@ -62,17 +62,6 @@ size_t host_bytes_needed(const MoeSpec& spec, int tokens, bool fused) {
 }
 
 namespace {
-
-// MemAvailable from /proc/meminfo in bytes, or 0 when it cannot be read (not Linux).
-size_t mem_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    unsigned long long kb = 0;
-    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kb) == 1) return kb * 1024;
-  }
-  return 0;
-}
 
 std::string gb(size_t bytes) {
   char buf[32];

@@ -33,6 +33,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "io/mem_available.h"
 #include "moekit/cpu_fast.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
@@ -61,16 +62,6 @@ std::string cpu_model_name() {
     }
   }
   return "unknown";
-}
-
-size_t mem_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    unsigned long long kb = 0;
-    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &kb) == 1) return kb * 1024;
-  }
-  return 0;
 }
 
 std::string utc_now() {

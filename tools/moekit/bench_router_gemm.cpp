@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "moekit/error.h"
 #include "moekit/router_gemm.h"
@@ -34,16 +35,6 @@ struct RouterBenchOptions {
   uint64_t seed = 0;
   bool json = false;
 };
-
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 1e-30, diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-    diff = std::isnan(d) ? INFINITY : std::max(diff, d);
-  }
-  return diff / scale;
-}
 
 int run_bench_router_gemm(const RouterBenchOptions& o) {
   MK_CHECK(!o.model.empty(), "bench router-gemm: --model is required");
@@ -69,7 +60,8 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
     for (int m : ms) {
       const tuning::RouterGemmChoice choice =
           tuning::choose_router_gemm(dev.arch, shape.weight_dtype, shape.k, shape.n, m);
-      const double diff = relative_difference(timer.run(choice.config, m), timer.run(cublas, m));
+      const double diff =
+          max_relative_difference(timer.run(choice.config, m), timer.run(cublas, m));
       if (!(diff <= 1e-4)) {
         // Reported and counted, not fatal: the timings of the other M still come out.
         std::fprintf(stderr, "moekit bench router-gemm: '%s' disagrees with cuBLAS on %s M=%d "

@@ -53,7 +53,8 @@ double max_relative_difference(const std::vector<float>& a, const std::vector<fl
   double scale = 0.0, diff = 0.0;
   for (size_t i = 0; i < a.size(); ++i) {
     scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
+    diff = std::isnan(d) ? INFINITY : std::max(diff, d);  // a NaN anywhere is infinitely off
   }
   return diff / std::max(scale, 1e-30);
 }

@@ -26,7 +26,8 @@ std::vector<Bf16> random_input(const MoeSpec& spec, int tokens, uint64_t seed);
 // "1.23 GB", "456.0 MB", "789 B".
 std::string human_bytes(double bytes);
 
-// Max over elements of |a - b| / max(max|b|, tiny): the difference relative to the output's scale.
+// Max over elements of |a - b| / max(max|b|, tiny): the difference relative to the output's scale
+// (infinity when an element differs by NaN).
 double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace moekit::cli

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "token_list.h"
 #include "moekit/error.h"
@@ -57,17 +58,6 @@ class ProgressBar {
   long done_ = 0;
   Clock::time_point start_;
 };
-
-// Max |a - b| over max |b|.
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 1e-30, diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
-    const double d = std::fabs(static_cast<double>(a[i]) - b[i]);
-    diff = std::isnan(d) ? INFINITY : std::max(diff, d);
-  }
-  return diff / scale;
-}
 
 struct TuneOptions {
   std::vector<std::string> models;
@@ -146,7 +136,7 @@ int run_tune(const TuneOptions& o) {
         // not cost the whole run; the exit status says so.
         std::ostringstream problem;
         try {
-          const double diff = relative_difference(timer.run(c, m), ref);
+          const double diff = max_relative_difference(timer.run(c, m), ref);
           // why 1e-4: both accumulate in fp32, in different orders, over K <= ~8k terms
           if (diff <= 1e-4) {
             times.push_back({c, timer.time_config_us(c, m)});
