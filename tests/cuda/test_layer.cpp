@@ -20,6 +20,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -203,6 +204,19 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
   return n;
 }
 
+// Every expert-kernel variant (experts.h), by its MOEKIT_EXPERTS_KERNEL name.
+constexpr const char* kExpertKernels[] = {"regs", "regs-early", "bulk"};
+
+// The layer with its expert kernels forced to `variant` (read once, at layer creation).
+std::unique_ptr<cuda::GpuMoeLayer> create_with_kernel(const LayerWeights& w,
+                                                      const cuda::GpuLayerOptions& opt,
+                                                      const char* variant) {
+  setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
+  auto gpu = cuda::GpuMoeLayer::create(w, opt);
+  unsetenv("MOEKIT_EXPERTS_KERNEL");
+  return gpu;
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (const auto& m : kModels) {
@@ -227,11 +241,8 @@ TEST_P(GpuLayerFamily, MatchesCpuReferenceFusedAndUnfused) {
 
   cuda::GpuLayerOptions opt;
   opt.max_tokens = c.tokens;
-  for (const char* variant : {"regs", "regs-early", "bulk"}) {
-    // the expert kernels' streaming variant is read at layer creation (experts.h)
-    setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
-    const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
-    unsetenv("MOEKIT_EXPERTS_KERNEL");
+  for (const char* variant : kExpertKernels) {
+    const auto gpu = create_with_kernel(*w, opt, variant);
     std::vector<ForwardResult> results;
     for (size_t m = 0; m < modes.size(); ++m) {
       std::ostringstream what;
@@ -297,10 +308,8 @@ TEST(GpuLayer, ForwardIsDeterministic) {
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 1);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 256;
-  for (const char* variant : {"regs", "regs-early", "bulk"}) {
-    setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
-    const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
-    unsetenv("MOEKIT_EXPERTS_KERNEL");
+  for (const char* variant : kExpertKernels) {
+    const auto gpu = create_with_kernel(*w, opt, variant);
     for (int tokens : {1, 8, 9, 256}) {
       const std::vector<Bf16> x = random_x(tokens, spec.hidden, 2);
       for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
@@ -406,10 +415,8 @@ TEST(GpuLayerSmall, SanitizerShapesBothKernels) {
     const auto w = make_random_weights(spec, spec.moe_layers.front(), 2);
     cuda::GpuLayerOptions opt;
     opt.max_tokens = 20;
-    for (const char* variant : {"regs", "regs-early", "bulk"}) {
-      setenv("MOEKIT_EXPERTS_KERNEL", variant, 1);
-      const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
-      unsetenv("MOEKIT_EXPERTS_KERNEL");
+    for (const char* variant : kExpertKernels) {
+      const auto gpu = create_with_kernel(*w, opt, variant);
       for (int tokens : {2, 7, 20}) {
         const std::vector<Bf16> x = random_x(tokens, spec.hidden, tokens);
         for (FuseShared fuse : {FuseShared::Off, FuseShared::Auto}) {
