@@ -23,6 +23,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/fast/kernels.h"
 
@@ -47,6 +48,35 @@ inline __m512 load_bf16x16_masked(const Bf16* p, __mmask16 m) {
 constexpr int kPrefetchBytes = 4096;
 inline void prefetch_ahead(const Bf16* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T1);
+}
+
+// Few tokens (<= 2, decode): rows one at a time, in address order: a single sequential stream is
+// what the hardware prefetchers follow best (interleaving 4 rows, 4 KB apart, measured 25-60%
+// slower at 1 token on the Zen 4 dev machine). More tokens: 4-row tiles, which are bound by
+// compute rather than by the stream. Which kernel runs depends on n and the row count, never on
+// the thread count, so results do not depend on it. tile(count, w, x, out) runs a 4-row tile for
+// `count` tokens (a compile-time count), row(count, w, x, out) one row; X: the activations' type.
+template <typename X, typename Tile, typename Row>
+void schedule_rows(const Bf16* w, size_t ldw, int rows, const X* const* x, int n, float* out,
+                   size_t ldo, Tile tile, Row row) {
+  int r0 = 0;
+  if (n >= 3) {
+    for (; r0 + 4 <= rows; r0 += 4) {
+      const Bf16* wr = w + r0 * ldw;
+      int j = 0;
+      // blocks of 4 tokens, the last block 1-6 (a 5- or 6-token tile beats 4 + 1 or 4 + 2)
+      for (; n - j > 6; j += 4) {
+        tile(std::integral_constant<int, 4>{}, wr, x + j, out + j * ldo + r0);
+      }
+      with_static_count<6>(n - j, [&](auto count) { tile(count, wr, x + j, out + j * ldo + r0); });
+    }
+  }
+  for (int r = r0; r < rows; ++r) {
+    const Bf16* wr = w + r * ldw;
+    int j = 0;
+    for (; j + 8 <= n; j += 8) row(std::integral_constant<int, 8>{}, wr, x + j, out + j * ldo + r);
+    with_static_count<7>(n - j, [&](auto count) { row(count, wr, x + j, out + j * ldo + r); });
+  }
 }
 
 // ---- fp32 activations ----
@@ -116,33 +146,16 @@ void dot_tile4_f32(const Bf16* w, size_t ldw, int k, const float* const* x, floa
     for (int j = 0; j < J; ++j) out[j * ldo + r] = _mm512_reduce_add_ps(acc[r][j]);
 }
 
-// Few tokens (<= 2, decode): rows one at a time, in address order: a single sequential stream is
-// what the hardware prefetchers follow best (interleaving 4 rows, 4 KB apart, measured 25-60%
-// slower at 1 token on the Zen 4 dev machine). More tokens: 4-row tiles, which are bound by
-// compute rather than by the stream. Which kernel runs depends on n and the row count, never on
-// the thread count, so results do not depend on it.
 void dot_rows_f32(const Bf16* w, size_t ldw, int rows, int k, const float* const* x, int n,
                   float* out, size_t ldo) {
-  int r0 = 0;
-  if (n >= 3) {
-    for (; r0 + 4 <= rows; r0 += 4) {
-      const Bf16* wr = w + r0 * ldw;
-      int j = 0;
-      // blocks of 4 tokens, the last block 1-6 (a 5- or 6-token tile beats 4 + 1 or 4 + 2)
-      for (; n - j > 6; j += 4) dot_tile4_f32<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-      with_static_count<6>(n - j, [&](auto count) {
-        dot_tile4_f32<decltype(count)::value>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+  schedule_rows(
+      w, ldw, rows, x, n, out, ldo,
+      [=](auto count, const Bf16* wr, const float* const* xj, float* o) {
+        dot_tile4_f32<decltype(count)::value>(wr, ldw, k, xj, o, ldo);
+      },
+      [=](auto count, const Bf16* wr, const float* const* xj, float* o) {
+        dot_row_f32<decltype(count)::value>(wr, k, xj, o, ldo);
       });
-    }
-  }
-  for (int r = r0; r < rows; ++r) {
-    const Bf16* wr = w + r * ldw;
-    int j = 0;
-    for (; j + 8 <= n; j += 8) dot_row_f32<8>(wr, k, x + j, out + j * ldo + r, ldo);
-    with_static_count<7>(n - j, [&](auto count) {
-      dot_row_f32<decltype(count)::value>(wr, k, x + j, out + j * ldo + r, ldo);
-    });
-  }
 }
 
 // ---- bf16 activations (vdpbf16ps) ----
@@ -208,29 +221,16 @@ void dot_tile4_bf16(const Bf16* w, size_t ldw, int k, const Bf16* const* x, floa
     for (int j = 0; j < J; ++j) out[j * ldo + r] = _mm512_reduce_add_ps(acc[r][j]);
 }
 
-// Same kernel choice as dot_rows_f32.
 void dot_rows_bf16(const Bf16* w, size_t ldw, int rows, int k, const Bf16* const* x, int n,
                    float* out, size_t ldo) {
-  int r0 = 0;
-  if (n >= 3) {
-    for (; r0 + 4 <= rows; r0 += 4) {
-      const Bf16* wr = w + r0 * ldw;
-      int j = 0;
-      // blocks of 4 tokens, the last block 1-6 (a 5- or 6-token tile beats 4 + 1 or 4 + 2)
-      for (; n - j > 6; j += 4) dot_tile4_bf16<4>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
-      with_static_count<6>(n - j, [&](auto count) {
-        dot_tile4_bf16<decltype(count)::value>(wr, ldw, k, x + j, out + j * ldo + r0, ldo);
+  schedule_rows(
+      w, ldw, rows, x, n, out, ldo,
+      [=](auto count, const Bf16* wr, const Bf16* const* xj, float* o) {
+        dot_tile4_bf16<decltype(count)::value>(wr, ldw, k, xj, o, ldo);
+      },
+      [=](auto count, const Bf16* wr, const Bf16* const* xj, float* o) {
+        dot_row_bf16<decltype(count)::value>(wr, k, xj, o, ldo);
       });
-    }
-  }
-  for (int r = r0; r < rows; ++r) {
-    const Bf16* wr = w + r * ldw;
-    int j = 0;
-    for (; j + 8 <= n; j += 8) dot_row_bf16<8>(wr, k, x + j, out + j * ldo + r, ldo);
-    with_static_count<7>(n - j, [&](auto count) {
-      dot_row_bf16<decltype(count)::value>(wr, k, x + j, out + j * ldo + r, ldo);
-    });
-  }
 }
 
 // ---- router, double accumulation ----
