@@ -98,19 +98,28 @@ def shrink(cfg, hidden, dense_intermediate, layers, overrides):
 # Published checkpoint names of one MoE layer, per family. Each function maps the block's
 # transformers-internal tensors (name in the module -> tensor) to {published name: tensor}.
 
+def unstack_experts(out, k, v, E, prefix, gate, up, down):
+    """transformers-5 stacked expert tensors (experts.gate_up_proj [E, 2I, H], experts.down_proj
+    [E, H, I]) -> per-expert {prefix}{e}.{gate|up|down}.weight; False when k is neither."""
+    if k == "experts.gate_up_proj":
+        I = v.shape[1] // 2
+        for e in range(E):
+            out[f"{prefix}{e}.{gate}.weight"] = v[e, :I]
+            out[f"{prefix}{e}.{up}.weight"] = v[e, I:]
+        return True
+    if k == "experts.down_proj":
+        for e in range(E):
+            out[f"{prefix}{e}.{down}.weight"] = v[e]
+        return True
+    return False
+
+
 def names_qwen2_style(sd, p, E, stacked=False):
     """DeepSeek-V2/V3, Kimi-K2, GLM-4.5/5, Qwen2/3-MoE: mlp.gate, mlp.experts.{e}.*_proj."""
     out = {}
     for k, v in sd.items():
-        if k == "experts.gate_up_proj" and not stacked:
-            I = v.shape[1] // 2
-            for e in range(E):
-                out[f"{p}mlp.experts.{e}.gate_proj.weight"] = v[e, :I]
-                out[f"{p}mlp.experts.{e}.up_proj.weight"] = v[e, I:]
-        elif k == "experts.down_proj" and not stacked:
-            for e in range(E):
-                out[f"{p}mlp.experts.{e}.down_proj.weight"] = v[e]
-        else:
+        if stacked or not unstack_experts(out, k, v, E, f"{p}mlp.experts.", "gate_proj",
+                                          "up_proj", "down_proj"):
             out[p + "mlp." + k] = v
     return out
 
@@ -120,15 +129,7 @@ def names_mixtral_style(sd, p, E):
     w2 (down); MiniMax-M2 keeps e_score_correction_bias on the block."""
     out = {}
     for k, v in sd.items():
-        if k == "experts.gate_up_proj":
-            I = v.shape[1] // 2
-            for e in range(E):
-                out[f"{p}block_sparse_moe.experts.{e}.w1.weight"] = v[e, :I]
-                out[f"{p}block_sparse_moe.experts.{e}.w3.weight"] = v[e, I:]
-        elif k == "experts.down_proj":
-            for e in range(E):
-                out[f"{p}block_sparse_moe.experts.{e}.w2.weight"] = v[e]
-        else:
+        if not unstack_experts(out, k, v, E, f"{p}block_sparse_moe.experts.", "w1", "w3", "w2"):
             out[p + "block_sparse_moe." + k] = v
     return out
 
@@ -144,14 +145,8 @@ def names_minimax_m3(sd, p, E):
     e_score_correction_bias, experts.{e}.w1/w2/w3.weight, shared_experts.{gate,up,down}_proj}."""
     out = {}
     for k, v in sd.items():
-        if k == "experts.gate_up_proj":
-            I = v.shape[1] // 2
-            for e in range(E):
-                out[f"{p}block_sparse_moe.experts.{e}.w1.weight"] = v[e, :I]
-                out[f"{p}block_sparse_moe.experts.{e}.w3.weight"] = v[e, I:]
-        elif k == "experts.down_proj":
-            for e in range(E):
-                out[f"{p}block_sparse_moe.experts.{e}.w2.weight"] = v[e]
+        if unstack_experts(out, k, v, E, f"{p}block_sparse_moe.experts.", "w1", "w3", "w2"):
+            pass
         elif k == "gate.e_score_correction_bias":
             out[p + "block_sparse_moe.e_score_correction_bias"] = v
         elif k == "shared_experts.gate_up_proj.weight":
@@ -169,14 +164,8 @@ def names_deepseek_v4(sd, p, E):
     out = {}
     w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
     for k, v in sd.items():
-        if k == "experts.gate_up_proj":
-            I = v.shape[1] // 2
-            for e in range(E):
-                out[f"{p}ffn.experts.{e}.w1.weight"] = v[e, :I]
-                out[f"{p}ffn.experts.{e}.w3.weight"] = v[e, I:]
-        elif k == "experts.down_proj":
-            for e in range(E):
-                out[f"{p}ffn.experts.{e}.w2.weight"] = v[e]
+        if unstack_experts(out, k, v, E, f"{p}ffn.experts.", "w1", "w3", "w2"):
+            pass
         elif k == "gate.e_score_correction_bias":
             out[p + "ffn.gate.bias"] = v
         elif k.startswith("shared_experts."):
