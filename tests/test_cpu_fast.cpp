@@ -38,9 +38,9 @@ namespace moekit {
 namespace {
 
 using random_values::stream_key;
-using test::expect_error;
 using random_values::Tensor;
 using random_values::uniform;
+using test::expect_error;
 
 // Deliberately not multiples of the SIMD widths (32 bf16 / 16 / 8 floats) nor of the 4-row
 // tiles: every kernel's tail path and remainder rows run. kExperts = 32 keeps DeepSeek-V3's 8

@@ -26,9 +26,9 @@ namespace moekit {
 namespace {
 
 using random_values::stream_key;
-using test::expect_error;
 using random_values::Tensor;
 using random_values::uniform;
+using test::expect_error;
 
 constexpr int kHidden = 64;
 constexpr int kInter = 16;

@@ -303,15 +303,11 @@ float read_sum(const float* p, size_t count) {
 }  // namespace
 
 const Kernels& avx512_kernels() {
-  static const Kernels k = [] {
-    Kernels t;
-    t.name = "avx512";
-    t.dot_rows_f32 = dot_rows_f32;
-    t.dot_rows_bf16 = dot_rows_bf16;
-    t.router_dot = router_dot;
-    t.read_sum = read_sum;
-    return t;
-  }();
+  static const Kernels k{.name = "avx512",
+                         .dot_rows_f32 = dot_rows_f32,
+                         .dot_rows_bf16 = dot_rows_bf16,
+                         .router_dot = router_dot,
+                         .read_sum = read_sum};
   return k;
 }
 

@@ -94,15 +94,11 @@ float read_sum(const float* p, size_t count) {
 }  // namespace
 
 const Kernels& portable_kernels() {
-  static const Kernels k = [] {
-    Kernels t;
-    t.name = "portable";
-    t.dot_rows_f32 = dot_rows_f32;
-    t.dot_rows_bf16 = nullptr;
-    t.router_dot = router_dot;
-    t.read_sum = read_sum;
-    return t;
-  }();
+  static const Kernels k{.name = "portable",
+                         .dot_rows_f32 = dot_rows_f32,
+                         .dot_rows_bf16 = nullptr,
+                         .router_dot = router_dot,
+                         .read_sum = read_sum};
   return k;
 }
 
