@@ -8,10 +8,13 @@
 #   bench_router.jsonl `moekit bench router-gemm --json`, one per model
 #   sm90.inc           the tuner's table (commit as tuning/sm90.inc; its JSON form is in the logs)
 #   deepseek-v3_sweep.png        the batch sweep, fused vs unfused vs floor
-#   ab.txt             the expert-kernel variants side by side (stage ab)
+#   trace_deepseek-v3.txt        its kernel timelines (--trace)
+#   ab.txt             the values of one setting side by side (stage ab; its stderr, with
+#                      --trace's timelines, in ab_stderr.txt)
 #   ncu.txt            per-kernel time and DRAM bytes of one forward under ncu (stage profile)
 # Stages: STAGES="build test sanitize tune router layer" (the default; router and layer are the
-# router GEMM and MoE layer benchmarks); also "ab" (AB_KERNELS x AB_MODELS x AB_BATCHES) and
+# router GEMM and MoE layer benchmarks); also "ab" (AB_VAR=each of AB_VALUES x AB_MODELS x
+# AB_BATCHES; by default the expert-kernel variants) and
 # "profile" (PROFILE_MODELS at PROFILE_TOKENS tokens under ncu). A failing stage is recorded and the script
 # goes on, so one call returns everything there is to learn.
 set -uo pipefail
@@ -24,9 +27,11 @@ BUILD="${MOEKIT_BUILD_DIR:-build-gpu}"
 BENCH_MODELS="${BENCH_MODELS:-deepseek-v3 qwen3-30b-a3b kimi-k2 minimax-m2 qwen2-57b-a14b gpt-oss-120b}"
 BENCH_BATCHES="${BENCH_BATCHES:-1,2,4,8,16,32,64,128,256}"
 TUNE_BATCHES="${TUNE_BATCHES:-1-16,20,24,28,32,40,48,56,64,80,96,112,128}"
-AB_KERNELS="${AB_KERNELS:-regs-early regs bulk}"
+AB_VAR="${AB_VAR:-MOEKIT_EXPERTS_KERNEL}"  # the environment variable the ab stage varies
+AB_VALUES="${AB_VALUES:-regs-early regs bulk}"
 AB_MODELS="${AB_MODELS:-deepseek-v3 qwen3-30b-a3b}"
 AB_BATCHES="${AB_BATCHES:-1,8,32,128}"
+AB_ARGS="${AB_ARGS:-}"  # more `moekit bench` arguments for the ab stage, e.g. --trace
 PROFILE_MODELS="${PROFILE_MODELS:-deepseek-v3 qwen3-30b-a3b}"
 PROFILE_KERNEL="${PROFILE_KERNEL:-${MOEKIT_EXPERTS_KERNEL:-}}"  # expert-kernel variant under ncu
 PROFILE_TOKENS="${PROFILE_TOKENS:-1}"
@@ -109,17 +114,17 @@ if has_stage layer && [ -x "$MOEKIT" ]; then
       sh -c "'$MOEKIT' bench --device cuda --model $m --batch $BENCH_BATCHES --json >>'$OUT/bench_layer.jsonl'"
   done
   "$MOEKIT" bench --device cuda --model deepseek-v3 --batch "$BENCH_BATCHES" \
-    --plot "$OUT/deepseek-v3_sweep.png" >>"$summary" 2>>"$LOGS/bench_layer.log"
+    --plot "$OUT/deepseek-v3_sweep.png" --trace >>"$summary" 2>>"$OUT/trace_deepseek-v3.txt"
   "$MOEKIT" run --device cuda --model deepseek-v3 --tokens 4 --fuse-shared on >>"$summary" 2>&1
 fi
 
 if has_stage ab && [ -x "$MOEKIT" ]; then
-  # one expert-kernel variant per run of the benchmark (the variant is read at layer creation)
+  # one value of AB_VAR per run of the benchmark (the layer reads it at creation)
   for m in $AB_MODELS; do
-    for k in $AB_KERNELS; do
-      echo "== MOEKIT_EXPERTS_KERNEL=$k $m" >>"$OUT/ab.txt"
-      timed "ab $k $m" "$LOGS/ab.log" sh -c "MOEKIT_EXPERTS_KERNEL=$k '$MOEKIT' bench --device cuda \
-        --model $m --batch $AB_BATCHES >>'$OUT/ab.txt'"
+    for k in $AB_VALUES; do
+      echo "== $AB_VAR=$k $m" >>"$OUT/ab.txt"
+      timed "ab $AB_VAR=$k $m" "$LOGS/ab.log" sh -c "$AB_VAR=$k '$MOEKIT' bench --device cuda \
+        --model $m --batch $AB_BATCHES $AB_ARGS >>'$OUT/ab.txt' 2>>'$OUT/ab_stderr.txt'"
     done
   done
 fi

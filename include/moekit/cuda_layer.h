@@ -75,6 +75,12 @@ class GpuMoeLayer {
   // Captures one forward in a CUDA graph and counts its nodes (the benchmark's "launches").
   LaunchCount count_launches(int tokens, bool fused);
 
+  // Profiling: forwards launched or captured while set record their kernel timeline (the first
+  // and last CTA's %globaltimer at start, after griddepcontrol.wait and at the end of the routing
+  // and bulk expert kernels; layout in src/cuda/layer/trace.cuh) into these device words;
+  // nullptr (the default) records nothing.
+  void set_trace(unsigned long long* device_words);
+
   // The router logits [tokens, router_columns] of the last forward (tests: route them on the CPU
   // and compare the ids exactly).
   std::vector<float> last_logits(int tokens) const;
@@ -113,6 +119,7 @@ struct GpuBenchOptions {
   int iterations = 0;                // graph replays per measurement; 0 = automatic
   int max_layer_sets = 0;            // distinct weight sets to rotate among; 0 = as many as fit
   int device = 0;
+  bool trace = false;                // print each batch's kernel timeline (stderr)
 };
 
 struct GpuBenchRecord {

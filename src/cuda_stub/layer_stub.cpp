@@ -46,6 +46,7 @@ void GpuMoeLayer::forward_device(const void*, void*, int, CUstream_st*) {
 LaunchCount GpuMoeLayer::count_launches(int, bool) { no_cuda("GpuMoeLayer::count_launches"); }
 
 std::vector<float> GpuMoeLayer::last_logits(int) const { no_cuda("GpuMoeLayer::last_logits"); }
+void GpuMoeLayer::set_trace(unsigned long long*) { no_cuda("GpuMoeLayer::set_trace"); }
 Routing route_on_device(const RoutingConfig&, const float*, int, const float*, int, GpuDispatch*) {
   no_cuda("cuda::route_on_device");
 }

@@ -31,6 +31,7 @@
 #include "../expect_error.h"
 #include "common/random_values.h"
 #include "cuda/experts/experts.h"
+#include "cuda/layer/trace.cuh"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
@@ -320,6 +321,50 @@ TEST(GpuLayer, ForwardIsDeterministic) {
       }
     }
   }
+}
+
+// `moekit bench --trace`'s timeline: every event recorded, in the order PDL imposes (a kernel's
+// griddepcontrol.wait returns after the kernel before it has finished), and nothing recorded
+// once the trace is unset.
+TEST(GpuLayer, TraceRecordsTheKernelTimelineInOrder) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3");
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 6);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 8;
+  const auto gpu = create_with_kernel(*w, opt, "bulk");  // the kernels that record
+  unsigned long long* words = nullptr;
+  ASSERT_EQ(cudaMalloc(&words, cuda::kTraceWords * 8), cudaSuccess);
+  std::vector<unsigned long long> init(cuda::kTraceWords, 0);
+  std::fill(init.begin(), init.begin() + cuda::kTraceEvents, ~0ull);  // earliest: none yet
+  ASSERT_EQ(cudaMemcpy(words, init.data(), cuda::kTraceWords * 8, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  const std::vector<Bf16> x = random_x(4, spec.hidden, 6);
+  gpu->set_trace(words);
+  gpu->forward(x.data(), 4, FuseShared::On);
+  gpu->set_trace(nullptr);
+  std::vector<unsigned long long> t(cuda::kTraceWords);
+  ASSERT_EQ(cudaMemcpy(t.data(), words, cuda::kTraceWords * 8, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  auto first = [&](int ev) { return t[ev]; };
+  auto last = [&](int ev) { return t[cuda::kTraceEvents + ev]; };
+  for (int ev = 0; ev < cuda::kTraceEvents; ++ev) {
+    EXPECT_NE(first(ev), ~0ull) << "event " << ev << " not recorded";
+    EXPECT_LE(first(ev), last(ev)) << "event " << ev;
+  }
+  EXPECT_LE(last(cuda::kTraceRoutingStart), first(cuda::kTraceRoutingWaited));
+  EXPECT_LE(last(cuda::kTraceRoutingWaited), first(cuda::kTraceRoutingRouted));
+  EXPECT_LE(last(cuda::kTraceRoutingRouted), first(cuda::kTraceRoutingEnd));
+  EXPECT_LE(last(cuda::kTraceRoutingEnd), first(cuda::kTraceGateUpWaited));
+  EXPECT_LE(first(cuda::kTraceGateUpWaited), first(cuda::kTraceGateUpEnd));
+  EXPECT_LE(last(cuda::kTraceGateUpEnd), first(cuda::kTraceDownWaited));
+  EXPECT_LE(last(cuda::kTraceDownWaited), last(cuda::kTraceDownEnd));
+  gpu->forward(x.data(), 4, FuseShared::On);  // unset: the words stay as they were
+  std::vector<unsigned long long> after(cuda::kTraceWords);
+  ASSERT_EQ(cudaMemcpy(after.data(), words, cuda::kTraceWords * 8, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(after, t);
+  ASSERT_EQ(cudaFree(words), cudaSuccess);
 }
 
 TEST(GpuLayer, GraphReplayMatchesForward) {

@@ -204,6 +204,7 @@ int run_bench_cuda(const BenchOptions& opt) {
   b.fuse = opt.fuse;
   b.seed = opt.seed;
   b.iterations = opt.iterations;
+  b.trace = opt.trace;
   const std::vector<cuda::GpuBenchRecord> recs = cuda::bench_layer(b, !opt.json);
   if (!opt.plot.empty()) plot_sweep(recs, opt.plot);
 

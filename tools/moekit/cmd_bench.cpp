@@ -49,6 +49,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--iterations", o->iterations, "Timed iterations (0 = automatic)");
   cmd->add_option("--plot", o->plot, "Draw the batch sweep to this PNG (cuda)");
   cmd->add_flag("--json", o->json, "Print JSON records");
+  cmd->add_flag("--trace", o->trace, "Print each batch's kernel timeline to stderr (cuda)");
   cmd->require_subcommand(0, 1);
   cmd->callback([cmd, o, batches, fuse] {
     if (!cmd->get_subcommands().empty()) return;  // a sub-benchmark ran instead
@@ -56,6 +57,8 @@ CLI::App* add_bench_command(CLI::App& app) {
     o->batches = parse_batches(*batches);
     o->fuse = fuse_shared_from_env(parse_fuse_shared(*fuse));
     const std::string device = resolve_device(o->device);
+    MK_CHECK(!o->trace || device == "cuda",
+             "bench: --trace records GPU kernels; use --device cuda");
     const int status = device == "cuda" ? run_bench_cuda(*o) : run_bench_cpu(*o);
     if (status != 0) throw CLI::RuntimeError(status);
   });

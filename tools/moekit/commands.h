@@ -25,6 +25,7 @@ struct BenchOptions {
   std::string plot;               // PNG path for the batch sweep, empty = none
   int threads = 0;                // cpu only: 0 = all cores
   int iterations = 0;             // 0 = chosen by the backend
+  bool trace = false;             // cuda only: print each batch's kernel timeline
 };
 
 void add_inspect_command(CLI::App& app);   // cmd_inspect.cpp

@@ -12,17 +12,20 @@
 //        floor_us       (distinct touched experts + shared MLP + router + x + y bytes) / bandwidth,
 //                       the touched experts counted from each set's actual routing of the input
 //        launches       kernel nodes of a captured forward
+//        --trace        the kernel timeline of one forward in that graph (print_trace)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "common/random_values.h"
 #include "cuda/cuda_check.h"
 #include "cuda/layer/random_fill.h"
+#include "cuda/layer/trace.cuh"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 
@@ -109,6 +112,75 @@ double time_graph(const Graph& g, cudaStream_t stream, int reps, int warm) {
   }
   std::sort(ms.begin(), ms.end());
   return 1e3 * ms[reps / 2];
+}
+
+// --trace: the kernel timeline (cuda/layer/trace.cuh) of the last forward of the us_per_layer
+// graph (one forward per weight set), in us after the down kernel of the forward before it ended
+// (its last CTA); the second replay is recorded, so code and TLBs are as warm as when timed.
+void print_trace(std::vector<std::unique_ptr<GpuMoeLayer>>& sets, const __nv_bfloat16* x,
+                 __nv_bfloat16* y, int batch, FuseShared mode, cudaStream_t stream,
+                 const std::string& what) {
+  const int n = static_cast<int>(sets.size());
+  const size_t bytes = 2 * kTraceWords * sizeof(unsigned long long);
+  unsigned long long* words = nullptr;
+  MK_CUDA_CHECK(cudaMalloc(&words, bytes));
+  struct Cleanup {  // stop recording and free the words, also when something throws
+    std::vector<std::unique_ptr<GpuMoeLayer>>& sets;
+    unsigned long long* words;
+    ~Cleanup() {
+      for (auto& s : sets) s->set_trace(nullptr);
+      MK_CUDA_WARN(cudaFree(words));
+    }
+  } cleanup{sets, words};
+  Graph g;
+  capture(g, stream, [&] {
+    for (int i = 0; i < n; ++i) {
+      // the forward before the last records into words[0..), the last into words[kTraceWords..)
+      sets[i]->set_trace(i >= n - 2 ? words + (i - (n - 2)) * kTraceWords : nullptr);
+      sets[i]->forward_device(x, y, batch, mode, stream);
+    }
+  });
+  auto reset = [&] {
+    for (int b = 0; b < 2; ++b) {
+      MK_CUDA_CHECK(cudaMemsetAsync(words + b * kTraceWords, 0xff, kTraceEvents * 8, stream));
+      MK_CUDA_CHECK(cudaMemsetAsync(words + b * kTraceWords + kTraceEvents, 0, kTraceEvents * 8,
+                                    stream));
+    }
+  };
+  reset();
+  MK_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  reset();
+  MK_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  std::vector<unsigned long long> h(2 * kTraceWords);
+  MK_CUDA_CHECK(cudaMemcpyAsync(h.data(), words, bytes, cudaMemcpyDeviceToHost, stream));
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const unsigned long long* prev = h.data();
+  const unsigned long long* cur = h.data() + kTraceWords;
+  // the register expert kernels (large batches) record nothing: then from the routing's start
+  const unsigned long long prev_end = prev[kTraceEvents + kTraceDownEnd];
+  const unsigned long long base = n >= 2 && prev_end != 0 ? prev_end : cur[kTraceRoutingStart];
+  auto at = [&](int ev, bool last) {
+    const unsigned long long t = cur[ev + (last ? kTraceEvents : 0)];
+    char buf[32];
+    if (t == ~0ull || t == 0) return std::string("     -");
+    std::snprintf(buf, sizeof buf, "%6.1f",
+                  (static_cast<double>(t) - static_cast<double>(base)) / 1e3);
+    return std::string(buf);
+  };
+  std::fprintf(stderr,
+               "trace %s: us after the previous forward's bulk down kernel ended, else after "
+               "the routing started (first / last CTA)\n",
+               what.c_str());
+  auto row = [&](const char* name, int start, int waited, int end) {
+    std::fprintf(stderr, "  %-8s start %s / %s   waited %s / %s   end %s / %s\n", name,
+                 at(start, false).c_str(), at(start, true).c_str(), at(waited, false).c_str(),
+                 at(waited, true).c_str(), at(end, false).c_str(), at(end, true).c_str());
+  };
+  row("routing", kTraceRoutingStart, kTraceRoutingWaited, kTraceRoutingEnd);
+  std::fprintf(stderr, "           routed %s / %s (ids written; the dispatch follows)\n",
+               at(kTraceRoutingRouted, false).c_str(), at(kTraceRoutingRouted, true).c_str());
+  row("gate/up", kTraceGateUpStart, kTraceGateUpWaited, kTraceGateUpEnd);
+  row("down", kTraceDownStart, kTraceDownWaited, kTraceDownEnd);
 }
 
 }  // namespace
@@ -259,6 +331,10 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
                                            : static_cast<int>(std::clamp(2e6 / est_step, 3.0, 20.0));
         r.step_us = time_graph(step_graph, stream.s, step_reps, 1);
         r.tokens_per_s = batch / (r.step_us * 1e-6);
+        if (opt.trace) {
+          print_trace(sets, x, y, batch, mode, stream.s,
+                      spec.name + " T=" + std::to_string(batch) + (fused ? " fused" : " unfused"));
+        }
         if (verbose) {
           std::fprintf(stderr, "  batch %d fused=%s: %.1f us/layer (floor %.1f, %.3f of bw), step %.0f us\n",
                        batch, r.fuse_shared.c_str(), r.us_per_layer, r.floor_us, r.bw_fraction,

@@ -30,6 +30,10 @@ struct ExpertsParams {
   const int* pair_list = nullptr;
   const ExpertTask* tasks = nullptr;
   const int* num_tasks = nullptr;  // device
+  // entries of tasks / pair_list the bulk kernel may read ahead of *num_tasks (initialised
+  // memory); <= 32 of them are loaded with the task count and looked up by shuffles; 0: fetch
+  int task_capacity = 0;
+  int pair_capacity = 0;
   int* work_counter = nullptr;     // device, zeroed by the dispatch
   // gate/up output h [pairs, inter] bf16 and activation
   __nv_bfloat16* h = nullptr;
@@ -46,6 +50,7 @@ struct ExpertsParams {
   const float* shared_partial = nullptr;
   const float* shared_scale = nullptr;
   __nv_bfloat16* y = nullptr;
+  unsigned long long* trace = nullptr;  // timeline (cuda/layer/trace.cuh; bulk kernel) or null
 };
 
 // Kernel variants: gate/up or down; tokens per task (chunk 8 or 16); how weights are streamed.

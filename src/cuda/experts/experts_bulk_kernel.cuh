@@ -38,7 +38,9 @@
 // PDL: gate/up waits for the dispatch and lets the down kernel launch; the down kernel's CTAs
 // take SMs as gate/up CTAs finish, and its producer issues the weight copies of its first
 // kStages stages before griddepcontrol.wait (weights and the dispatch, two launches back, are
-// ready) and their activation (h) copies after it: W2 streams through the gate/up tail.
+// ready) and their activation (h) copies after it: W2 streams through the gate/up tail. After
+// its wait the down kernel lets the next kernel launch (the next layer's router GEMM, which loads
+// its weights while we stream).
 // Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
 #pragma once
 
@@ -50,6 +52,7 @@
 #include "cuda/experts/experts.h"
 #include "cuda/experts/experts_common.cuh"
 #include "cuda/layer/pdl.cuh"
+#include "cuda/layer/trace.cuh"
 
 namespace moekit::cuda::experts_detail {
 
@@ -98,6 +101,26 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
       ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// An L2 policy that makes the lines a copy brings in the first to be evicted. why: the weights
+// are read once per forward, and ~800 MB of them stream through the 50 MB L2 per layer; at normal
+// priority they evict everything else (the routing kernel's code and data, the dispatch, h, the
+// partials), which the next kernels then fetch again from HBM one dependent miss at a time.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// bulk_copy with an L2 cache policy (l2_evict_first_policy) for the lines it reads.
+__device__ __forceinline__ void bulk_copy_hinted(void* dst, const void* src, uint32_t bytes,
+                                                 uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;"
+      ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
 
@@ -186,6 +209,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
+    trace_mark(p.trace, kGateUp ? kTraceGateUpStart : kTraceDownStart);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 32);  // every producer lane (the item record is written by several)
       mbar_init(&empty[s], kBulkConsumerWarps);
@@ -200,6 +224,17 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
   if constexpr (kGateUp) {
     pdl_wait();  // the dispatch is the kernel just before
     pdl_launch_dependents();  // the down kernel may take SMs as our CTAs finish (header)
+    if (threadIdx.x == 0) trace_mark(p.trace, kTraceGateUpWaited);
+  }
+  // The producer's copy of a small dispatch, loaded in the same round trip as the task count:
+  // lane l holds task l and pair l, and with <= 32 of them (decode: DeepSeek-V3 up to 3 tokens)
+  // the producer looks its items up by shuffles instead of two more dependent round trips (task,
+  // then pair ids) before its first copy.
+  ExpertTask lane_task{0, 0, 0, 0};
+  int lane_pair = 0;
+  if (warp == kBulkProducerWarp) {
+    if (lane < p.task_capacity) lane_task = p.tasks[lane];
+    if (lane < p.pair_capacity) lane_pair = p.pair_list[lane];
   }
   const int num_tasks = *p.num_tasks;
   const int total = num_tasks * (p.rows / kTileRows);
@@ -214,21 +249,38 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
 
   if (warp == kBulkProducerWarp) {
     // ---- producer: the whole warp walks the items (lanes fetch pair ids), lane 0 issues ----
+    // (warp-uniform calls: the lookups are shuffles)
+    const bool small_tasks = num_tasks <= 32 && num_tasks <= p.task_capacity;
+    const bool small_pairs = p.pair_capacity > 0 && p.pair_capacity <= 32;
     auto fetch = [&](int item) {
       ProducerItem it;
       it.tile = item / num_tasks;
-      it.task = p.tasks[item - it.tile * num_tasks];
+      const int task = item - it.tile * num_tasks;
+      if (small_tasks) {
+        it.task.expert = __shfl_sync(0xffffffffu, lane_task.expert, task);
+        it.task.begin = __shfl_sync(0xffffffffu, lane_task.begin, task);
+        it.task.count = __shfl_sync(0xffffffffu, lane_task.count, task);
+        it.task.pad = 0;
+      } else {
+        it.task = p.tasks[task];
+      }
       it.pair = 0;
       return it;
     };
     auto fetch_pair = [&](ProducerItem& it) {
-      if (lane < it.task.count) it.pair = p.pair_list[it.task.begin + lane];
+      if (small_pairs) {
+        const int pair = __shfl_sync(0xffffffffu, lane_pair, (it.task.begin + lane) & 31);
+        if (lane < it.task.count) it.pair = pair;
+      } else if (lane < it.task.count) {
+        it.pair = p.pair_list[it.task.begin + lane];
+      }
     };
     // The copies of stage s (record m): lane i < 16 copies weight row i, lane 16 + j the
     // activation row of token j (kNT * 8 <= 16 tokens), so the address arithmetic runs on all
     // lanes at once and only the copy instructions themselves take turns (the compiler issues a
     // bulk copy once per active lane). Weights and/or activations (down: activations only after
     // pdl_wait).
+    const uint64_t weight_policy = l2_evict_first_policy();
     auto issue_copies = [&](int s, const BulkItem& m, bool weights, bool acts) {
       const int blocks = min(kChunkBlocks, nkb - m.chunk * kChunkBlocks);
       const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
@@ -240,23 +292,30 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
         const int pair = m.pairs[lane - kBulkWeightRows];
         src = p.x + static_cast<size_t>(pair / p.x_row_div) * p.k + k0;
       }
+      void* dst = smem + s * L::kStageBytes + lane * L::kPitch;
       if (src != nullptr) {
-        bulk_copy(smem + s * L::kStageBytes + lane * L::kPitch, src, row_bytes, &full[s]);
+        if (lane < kBulkWeightRows) {
+          bulk_copy_hinted(dst, src, row_bytes, &full[s], weight_policy);
+        } else {
+          bulk_copy(dst, src, row_bytes, &full[s]);
+        }
       }
     };
     bool waited = kGateUp;
     int n = 0;  // stage fills so far
     // Two items of look-ahead: item i+1's pair ids and item i+2's task are in flight while item
     // i's stages are issued (a down item can be a single ~24 KB stage, shorter than the two
-    // dependent L2 round trips of task then pair ids).
+    // dependent L2 round trips of task then pair ids). The first three tasks are fetched
+    // together, then the first two items' pair ids together: two round trips before the first
+    // copy, not five.
     auto clamp = [&](int i) { return min(i, item_end - 1); };
     ProducerItem cur{}, nxt{}, nxt2{};
     if (item_begin < item_end) {
       cur = fetch(item_begin);
-      fetch_pair(cur);
       nxt = fetch(clamp(item_begin + 1));
-      fetch_pair(nxt);
       nxt2 = fetch(clamp(item_begin + 2));
+      fetch_pair(cur);
+      fetch_pair(nxt);
     }
     for (int item = item_begin; item < item_end; ++item) {
       for (int c = 0; c < nchunks; ++c, ++n) {
@@ -265,6 +324,8 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
           // the ring is full of weights: wait for h, then complete the stages issued so far
           pdl_wait();
           waited = true;
+          pdl_launch_dependents();  // the next layer's router GEMM may load its weights (header)
+          if (lane == 0) trace_mark(p.trace, kTraceDownWaited);
           for (int q = 0; q < kStages; ++q) issue_copies(q, stage_meta[q], false, true);
         }
         mbar_wait(&empty[s], ((n / kStages) & 1) ^ 1);
@@ -294,6 +355,8 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
     }
     if (!waited) {
       pdl_wait();
+      pdl_launch_dependents();
+      if (lane == 0) trace_mark(p.trace, kTraceDownWaited);
       for (int q = 0; q < n; ++q) issue_copies(q, stage_meta[q], false, true);
     }
     // no more work: an item record of -1 in the next stage
@@ -340,6 +403,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
         if (combine) combine_tile<8, 4>(p, tile, lane, 32);
       }
     }
+    if (lane == 0) trace_mark(p.trace, kGateUp ? kTraceGateUpEnd : kTraceDownEnd);
     return;
   }
 

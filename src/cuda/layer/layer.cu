@@ -91,6 +91,7 @@ struct GpuMoeLayer::Impl {
   cudaStream_t stream = nullptr;
   int grid[kExpertsStreams][2][2] = {};  // [variant][gate/up, down][chunk 8, 16]
   std::optional<ExpertsStream> forced_stream;  // MOEKIT_EXPERTS_KERNEL at creation
+  unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
   size_t weight_bytes = 0;
@@ -294,6 +295,8 @@ struct GpuMoeLayer::Impl {
     allocate<int>(error_flag, 1, ws);
     allocate<__nv_bfloat16>(x_in, static_cast<size_t>(tm) * H, ws);
     allocate<__nv_bfloat16>(y_out, static_cast<size_t>(tm) * H, ws);
+    MK_CUDA_CHECK(cudaMemset(tasks.ptr, 0, tasks.bytes));  // read ahead (task_capacity)
+    MK_CUDA_CHECK(cudaMemset(shared_tasks.ptr, 0, shared_tasks.bytes));
     MK_CUDA_CHECK(cudaMemset(counters.ptr, 0, counters.bytes));
     MK_CUDA_CHECK(cudaMemset(tile_counters.ptr, 0, tile_counters.bytes));
     MK_CUDA_CHECK(cudaMemset(error_flag.ptr, 0, error_flag.bytes));
@@ -397,6 +400,7 @@ struct GpuMoeLayer::Impl {
     rp.tile_counters = tile_counters.as<int>();
     rp.num_tile_counters = H / 16;
     rp.error_flag = error_flag.as<int>();
+    rp.trace = trace;
     launch_routing(rp, st);
 
     // 2a/2b. unfused shared MLP as its own GEMMs: one dense "expert" of width Is
@@ -411,6 +415,8 @@ struct GpuMoeLayer::Impl {
       g.pair_list = pair_identity.as<int>();
       g.tasks = shared_tasks.as<ExpertTask>();
       g.num_tasks = &ctr->num_shared_tasks;
+      g.task_capacity = ceil_div(opt.max_tokens, 8);
+      g.pair_capacity = tokens;
       g.work_counter = &ctr->work[2];
       g.h = shared_h.as<__nv_bfloat16>();
       launch_experts(ExpertsKind::GateUp, chunk, sk, g, grid[vi][0][ci], st);
@@ -425,6 +431,8 @@ struct GpuMoeLayer::Impl {
       d.pair_list = pair_identity.as<int>();
       d.tasks = shared_tasks.as<ExpertTask>();
       d.num_tasks = &ctr->num_shared_tasks;
+      d.task_capacity = ceil_div(opt.max_tokens, 8);
+      d.pair_capacity = tokens;
       d.work_counter = &ctr->work[3];
       d.partial = shared_partial.as<float>();
       launch_experts(ExpertsKind::Down, chunk, sk, d, grid[vi][1][ci], st);
@@ -444,8 +452,11 @@ struct GpuMoeLayer::Impl {
     g.pair_list = pair_list.as<int>();
     g.tasks = tasks.as<ExpertTask>();
     g.num_tasks = &ctr->num_tasks;
+    g.task_capacity = max_tasks;
+    g.pair_capacity = tokens * slots;
     g.work_counter = &ctr->work[0];
     g.h = h.as<__nv_bfloat16>();
+    g.trace = trace;
     launch_experts(ExpertsKind::GateUp, chunk, sk, g, grid[vi][0][ci], st);
 
     // 4. down + weighted combine
@@ -462,6 +473,8 @@ struct GpuMoeLayer::Impl {
     d.pair_list = pair_list.as<int>();
     d.tasks = tasks.as<ExpertTask>();
     d.num_tasks = &ctr->num_tasks;
+    d.task_capacity = max_tasks;
+    d.pair_capacity = tokens * slots;
     d.work_counter = &ctr->work[1];
     d.partial = partial.as<float>();
     d.tile_counters = tile_counters.as<int>();
@@ -471,6 +484,7 @@ struct GpuMoeLayer::Impl {
     d.shared_partial = shared_unfused ? shared_partial.as<float>() : nullptr;
     d.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
     d.y = static_cast<__nv_bfloat16*>(y);
+    d.trace = trace;
     launch_experts(ExpertsKind::Down, chunk, sk, d, grid[vi][1][ci], st);
   }
 };
@@ -631,6 +645,8 @@ LaunchCount GpuMoeLayer::count_launches(int tokens, bool fused) {
   MK_CUDA_CHECK(cudaGraphDestroy(graph));
   return c;
 }
+
+void GpuMoeLayer::set_trace(unsigned long long* words) { impl_->trace = words; }
 
 std::vector<float> GpuMoeLayer::last_logits(int tokens) const {
   const Impl& m = *impl_;

@@ -49,6 +49,7 @@ struct RoutingParams {
   int* tile_counters = nullptr;    // combine counters to zero
   int num_tile_counters = 0;
   int* error_flag = nullptr;       // set to 1 when an id falls outside [0, weight_rows)
+  unsigned long long* trace = nullptr;  // kernel timeline (cuda/layer/trace.cuh) or null
 };
 
 // Upper bound of the routed task count for `pairs` pairs over `rows` experts in chunks of `chunk`:

@@ -6,15 +6,17 @@
 // for T <= 16 is sized to the batch: no idle warps to launch, >= 4 warps for the dispatch). Lane l
 // holds experts l, l+32, ... as fp32 score and key: kPer = 4, 8 or 16 of them (E <= 128, 256,
 // 512), a template parameter, so E=128 runs a quarter of the E=512 selection loop and its code
-// is a third of the size: the kernel is latency-bound (one warp per token) and its code is
-// fetched cold (the expert kernels stream the weights through L2 between layers).
+// is a third of the size. The kernel is latency-bound: one token is a chain of dependent warp
+// operations on one warp (a warm second pass measured nearly as slow as the first, so the chain,
+// not the cold code, sets its time: src/cuda/layer/NOTES.md).
 //
 //   score   softmax over the row (warp max / sum) | sigmoid | sqrt(softplus) | the logit itself
 //   key     score (+ correction bias)                                          selection only
 //   groups  n_group > 1: group score = top-2 key sum (with a bias) or max; the topk_group best
 //           groups are kept (ties -> lower group), the other keys become -inf (keys can be < 0)
-//   top-k   k rounds of a warp arg-max, ties -> lower expert id (as the CPU reference); a taken
-//           mask, not a sentinel key, removes picks, so -inf keys are still ordered by id
+//   top-k   k rounds of a warp pick (two redux.sync on order-preserving u32 keys, then the
+//           lowest id: ties -> lower expert id, as the CPU reference); a taken mask, not a
+//           sentinel key, removes picks, so -inf keys are still ordered by id
 //   weights from the unbiased score (softmax-of-topk: softmax over the k picked logits), summed
 //           in slot order, renormalised w / (sum + 1e-20), times routed_scaling_factor
 //   shared  slots E..E+S-1 appended with weight 1 or sigmoid(logit[E]) (gated), shared_scale[t]
@@ -31,6 +33,7 @@
 
 #include "cuda/align/align.cuh"
 #include "cuda/layer/pdl.cuh"
+#include "cuda/layer/trace.cuh"
 #include "cuda/routing/routing.h"
 
 namespace moekit::cuda::routing_detail {
@@ -41,24 +44,25 @@ constexpr int kPerLane = kRoutingMaxExperts / 32;  // the largest kPer
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-// a before b: larger key, then lower id.
-__device__ __forceinline__ bool key_before(float ka, int ia, float kb, int ib) {
-  return ka > kb || (ka == kb && ia < ib);
+// Order-preserving map of a float key to a u32 (larger key -> larger value; -0 and +0 equal, as
+// in a float compare). Every non-NaN float maps above 0, so 0 marks "nothing to pick".
+__device__ __forceinline__ uint32_t orderable(float f) {
+  const uint32_t b = __float_as_uint(f + 0.0f);  // + 0: -0 becomes +0
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Warp arg-max of (key, id), ties -> lower id; every lane gets the winner. Also carries a value.
-__device__ __forceinline__ void warp_argmax(float& key, int& id, float& val) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float k2 = __shfl_xor_sync(0xffffffffu, key, off);
-    const int i2 = __shfl_xor_sync(0xffffffffu, id, off);
-    const float v2 = __shfl_xor_sync(0xffffffffu, val, off);
-    if (key_before(k2, i2, key, id)) {
-      key = k2;
-      id = i2;
-      val = v2;
-    }
-  }
+__device__ __forceinline__ float from_orderable(uint32_t o) {
+  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+
+// The warp's pick: the largest `value` (orderable, 0 = no candidate), ties -> the lowest `id`;
+// every lane gets the winner's id. Two redux.sync instead of five shuffle rounds: the routing of
+// one token is a chain of k of these (DeepSeek-V3: 8 picks and 4 group picks).
+__device__ __forceinline__ int warp_pick(uint32_t value, int id) {
+  const uint32_t best = __reduce_max_sync(0xffffffffu, value);
+  const uint32_t mine =
+      value == best && value != 0 ? 0xffffffffu - static_cast<uint32_t>(id) : 0u;
+  return static_cast<int>(0xffffffffu - __reduce_max_sync(0xffffffffu, mine));
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -88,9 +92,8 @@ __device__ __forceinline__ float score_of(Scoring scoring, float logit) {
 // One token on one warp: writes ids/weights of `token` (and its shared slots / scale).
 // Every warp of the CTA runs this (warps past the batch on the last token, writing nothing), so
 // the warp shuffles sit in uniform control flow: called under `if (token < T)` they compiled to
-// divergent-collective fallbacks that doubled the code. The runtime-bound loops are not unrolled:
-// the kernel is fetched cold (the expert kernels stream the weights through L2 between layers),
-// so its code size, not its instruction count, sets its time.
+// divergent-collective fallbacks that doubled the code. The runtime-bound loops are not unrolled
+// (small code); what shortens the token's chain is fewer warp reductions per pick.
 template <int kPer>
 __device__ __forceinline__ void route_token(const RoutingParams& p, int token, int lane,
                                             bool write) {
@@ -145,43 +148,61 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
       group[i] = e < num_e ? e / per_group : -1;
     }
     float my_group_score = neg_inf();  // lane g holds group g's score
-#pragma unroll 1
-    for (int g = 0; g < cfg.n_group; ++g) {
-      float t1 = neg_inf(), t2 = neg_inf();
+    if (per_group == 32) {
+      // group g is register g of every lane (DeepSeek-V3: 8 x 32): each group's top two by
+      // warp reductions, all groups independent of each other
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        if (group[i] == g) {
-          const float v = key[i];
-          if (v > t1) {
-            t2 = t1;
-            t1 = v;
-          } else if (v > t2) {
-            t2 = v;
+      for (int g = 0; g < kPer; ++g) {
+        if (g < cfg.n_group) {
+          const uint32_t o = orderable(key[g]);
+          const uint32_t t1 = __reduce_max_sync(0xffffffffu, o);
+          float gs = from_orderable(t1);
+          if (cfg.group_score_top2_sum) {
+            // the second largest: the maximum again if two lanes hold it
+            const bool twice = __popc(__ballot_sync(0xffffffffu, o == t1)) > 1;
+            const uint32_t t2 = twice ? t1 : __reduce_max_sync(0xffffffffu, o == t1 ? 0u : o);
+            gs = gs + from_orderable(t2);
           }
+          if (lane == g) my_group_score = gs;
         }
       }
+    } else {
+#pragma unroll 1
+      for (int g = 0; g < cfg.n_group; ++g) {
+        float t1 = neg_inf(), t2 = neg_inf();
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        const float o1 = __shfl_xor_sync(0xffffffffu, t1, off);
-        const float o2 = __shfl_xor_sync(0xffffffffu, t2, off);
-        const float hi = fmaxf(t1, o1);
-        const float lo = fmaxf(fminf(t1, o1), fmaxf(t2, o2));
-        t1 = hi;
-        t2 = lo;
+        for (int i = 0; i < kPer; ++i) {
+          if (group[i] == g) {
+            const float v = key[i];
+            if (v > t1) {
+              t2 = t1;
+              t1 = v;
+            } else if (v > t2) {
+              t2 = v;
+            }
+          }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          const float o1 = __shfl_xor_sync(0xffffffffu, t1, off);
+          const float o2 = __shfl_xor_sync(0xffffffffu, t2, off);
+          const float hi = fmaxf(t1, o1);
+          const float lo = fmaxf(fminf(t1, o1), fmaxf(t2, o2));
+          t1 = hi;
+          t2 = lo;
+        }
+        const float gs = cfg.group_score_top2_sum ? t1 + t2 : t1;
+        if (lane == g) my_group_score = gs;
       }
-      const float gs = cfg.group_score_top2_sum ? t1 + t2 : t1;
-      if (lane == g) my_group_score = gs;
     }
     uint32_t kept = 0;
-    uint32_t taken_groups = 0;
+    bool group_taken = false;
 #pragma unroll 1
     for (int j = 0; j < cfg.topk_group; ++j) {
-      float k = (lane < cfg.n_group && !((taken_groups >> lane) & 1u)) ? my_group_score : neg_inf();
-      int id = (lane < cfg.n_group && !((taken_groups >> lane) & 1u)) ? lane : 0x7fffffff;
-      float unused = 0.0f;
-      warp_argmax(k, id, unused);
-      taken_groups |= 1u << id;
-      kept |= 1u << id;
+      const bool open = lane < cfg.n_group && !group_taken;
+      const int g = warp_pick(open ? orderable(my_group_score) : 0u, lane);
+      group_taken |= lane == g;
+      kept |= 1u << g;
     }
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
@@ -189,29 +210,33 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
     }
   }
 
-  // top-k selection; lane j keeps pick j
+  // top-k selection; lane j keeps pick j. Each round: this lane's best untaken key (ascending i:
+  // equal keys keep the lower id), then the warp's pick; the winner's lane marks it taken.
+  uint32_t ok[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) ok[i] = lane + 32 * i < num_e ? orderable(key[i]) : 0u;
   uint32_t taken = 0;
   int my_id = 0;
   float my_score = 0.0f;
 #pragma unroll 1
   for (int j = 0; j < cfg.top_k; ++j) {
-    float best_k = neg_inf();
-    int best_id = 0x7fffffff;
+    uint32_t best = 0;
+    int best_i = 0;
     float best_s = 0.0f;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const int e = lane + 32 * i;
-      if (e < num_e && !((taken >> i) & 1u) && key_before(key[i], e, best_k, best_id)) {
-        best_k = key[i];
-        best_id = e;
+      if (!((taken >> i) & 1u) && ok[i] > best) {
+        best = ok[i];
+        best_i = i;
         best_s = score[i];
       }
     }
-    warp_argmax(best_k, best_id, best_s);
-    if ((best_id & 31) == lane) taken |= 1u << (best_id >> 5);
+    const int id = warp_pick(best, lane + 32 * best_i);
+    const float s = __shfl_sync(0xffffffffu, best_s, id & 31);
+    if ((id & 31) == lane) taken |= 1u << (id >> 5);
     if (lane == j) {
-      my_id = best_id;
-      my_score = best_s;
+      my_id = id;
+      my_score = s;
     }
   }
 
@@ -260,9 +285,12 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   const int token = blockIdx.x * kRoutingWarps + warp;
   // PDL: the logits come from the router GEMM just before; the gate/up kernel after us may
   // become resident now and wait for our completion
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingStart);
   pdl_wait();
   pdl_launch_dependents();
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingWaited);
   route_token<kPer>(p, token < p.tokens ? token : p.tokens - 1, lane, token < p.tokens);
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingRouted);
 
   // The last CTA to finish sees every token's ids and builds the dispatch lists. A grid of one
   // CTA (T <= 16) is its own last CTA: no counter round trip.
@@ -271,6 +299,7 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   __syncthreads();
   if (gridDim.x == 1) {
     align_detail::align_block(p);
+    if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingEnd);
     return;
   }
   if (threadIdx.x == 0) {
@@ -281,6 +310,7 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   if (!is_last) return;
   __threadfence();
   align_detail::align_block(p);
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingEnd);
 }
 
 }  // namespace moekit::cuda::routing_detail

@@ -1,0 +1,40 @@
+// Kernel timeline of a forward (`moekit bench --device cuda --trace`): with a trace buffer set
+// (GpuMoeLayer::set_trace), the routing kernel and the bulk expert kernels record, for each event
+// below, the earliest and the latest %globaltimer over their CTAs: when the first and the last
+// CTA started, came out of griddepcontrol.wait, and finished. This is what ncu cannot show: ncu
+// serialises the kernels, so it sees neither the PDL overlaps nor the gaps between launches.
+// Cost when unset: one predictable branch per CTA and event.
+// Layout: kTraceEvents earliest times (UINT64_MAX before the first record), then kTraceEvents
+// latest times (0 before), in ns.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace moekit::cuda {
+
+enum TraceEvent : int {
+  kTraceRoutingStart,
+  kTraceRoutingWaited,
+  kTraceRoutingRouted,  // ids and weights written (each CTA, before the dispatch)
+  kTraceRoutingEnd,     // the dispatch is written (the last CTA)
+  kTraceGateUpStart,
+  kTraceGateUpWaited,  // the producer passed griddepcontrol.wait
+  kTraceGateUpEnd,     // the epilogue warp wrote its last output
+  kTraceDownStart,
+  kTraceDownWaited,
+  kTraceDownEnd,
+  kTraceEvents
+};
+constexpr int kTraceWords = 2 * kTraceEvents;
+
+#ifdef __CUDACC__
+__device__ __forceinline__ void trace_mark(unsigned long long* trace, int event) {
+  if (trace == nullptr) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  atomicMin(trace + event, t);
+  atomicMax(trace + kTraceEvents + event, t);
+}
+#endif
+
+}  // namespace moekit::cuda
