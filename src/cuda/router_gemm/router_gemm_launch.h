@@ -4,7 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/carveout.h"
 #include "cuda/cuda_check.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "cuda/router_gemm/router_gemm_common.cuh"
@@ -47,7 +46,6 @@ void launch_kernel(Kernel kernel, dim3 grid, dim3 block, int cluster_x, cudaStre
   }
   cfg.attrs = attrs;
   cfg.numAttrs = static_cast<unsigned>(n_attrs);
-  prefer_max_shared_carveout(reinterpret_cast<const void*>(kernel));  // beside the expert kernels
   MK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
 }
 
