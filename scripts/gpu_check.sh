@@ -32,6 +32,7 @@ AB_VALUES="${AB_VALUES:-regs-early regs bulk}"
 AB_MODELS="${AB_MODELS:-deepseek-v3 qwen3-30b-a3b}"
 AB_BATCHES="${AB_BATCHES:-1,8,32,128}"
 AB_ARGS="${AB_ARGS:-}"  # more `moekit bench` arguments for the ab stage, e.g. --trace
+# ROUTER_MODELS: the router stage's models (default: every config)
 PROFILE_MODELS="${PROFILE_MODELS:-deepseek-v3 qwen3-30b-a3b}"
 PROFILE_KERNEL="${PROFILE_KERNEL:-${MOEKIT_EXPERTS_KERNEL:-}}"  # expert-kernel variant under ncu
 PROFILE_TOKENS="${PROFILE_TOKENS:-1}"
@@ -101,7 +102,7 @@ if has_stage tune && [ -x "$MOEKIT" ]; then
 fi
 
 if has_stage router && [ -x "$MOEKIT" ]; then
-  for m in $models_all; do
+  for m in ${ROUTER_MODELS:-$models_all}; do
     timed "router-gemm $m" "$LOGS/bench_router.log" \
       sh -c "'$MOEKIT' bench router-gemm --model $m --json >>'$OUT/bench_router.jsonl'"
   done
@@ -123,7 +124,11 @@ if has_stage ab && [ -x "$MOEKIT" ]; then
   for m in $AB_MODELS; do
     for k in $AB_VALUES; do
       echo "== $AB_VAR=$k $m" >>"$OUT/ab.txt"
-      timed "ab $AB_VAR=$k $m" "$LOGS/ab.log" sh -c "$AB_VAR=$k '$MOEKIT' bench --device cuda \
+      # AB_VAR=MOEKIT_BIN: the values are moekit binaries (e.g. one built from an older commit,
+      # carried beside the tree), compared in the same run
+      bin=$MOEKIT
+      [ "$AB_VAR" = MOEKIT_BIN ] && bin=$k
+      timed "ab $AB_VAR=$k $m" "$LOGS/ab.log" sh -c "$AB_VAR=$k '$bin' bench --device cuda \
         --model $m --batch $AB_BATCHES $AB_ARGS >>'$OUT/ab.txt' 2>>'$OUT/ab_stderr.txt'"
     done
   done

@@ -60,9 +60,22 @@ class RouterGemmTimer {
   double time_dispatch_us(int m);
   // An empty kernel in the same graph method: the launch share of the floor.
   double time_empty_us();
+  // Microseconds one launch adds to a decode step: each launch follows a stand-in for the
+  // previous layer's expert kernel (streams 16 MB from HBM, lets its dependents launch at once,
+  // writes x last), and the time of the graph of stand-ins alone is subtracted. A PDL launch
+  // (the dispatch, set_router_gemm_pdl) loads its weights under the stand-in; one without PDL,
+  // or cuBLAS, starts after it. `config` null = the dispatch.
+  double time_in_step_us(const tuning::RouterGemmConfig* config, int m);
+  // The same for an empty kernel launched with PDL that only waits: the kernel boundary's share
+  // of a dependent kernel's time in the step.
+  double time_in_step_empty_us();
   // Runs `config` once on copy 0 at M = m and returns its output [m, N] (poisoned with NaN
   // before the run), for checking a candidate before trusting its time.
   std::vector<float> run(const tuning::RouterGemmConfig& config, int m);
+  // The same after the stand-in, with copy 0's x poisoned (NaN) until the stand-in writes it
+  // (every copy's x holds the same values, which the stand-in rewrites): the output of a launch
+  // that read x before its PDL wait is NaN.
+  std::vector<float> run_in_step(const tuning::RouterGemmConfig& config, int m);
   // Bytes one launch must move at M = m: weights + x + out (+ bias).
   double bytes(int m) const;
 

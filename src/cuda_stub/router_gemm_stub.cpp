@@ -37,6 +37,13 @@ double RouterGemmTimer::time_empty_us() { no_cuda("the router GEMM timer"); }
 std::vector<float> RouterGemmTimer::run(const tuning::RouterGemmConfig&, int) {
   no_cuda("the router GEMM timer");
 }
+double RouterGemmTimer::time_in_step_us(const tuning::RouterGemmConfig*, int) {
+  no_cuda("the router GEMM timer");
+}
+double RouterGemmTimer::time_in_step_empty_us() { no_cuda("the router GEMM timer"); }
+std::vector<float> RouterGemmTimer::run_in_step(const tuning::RouterGemmConfig&, int) {
+  no_cuda("the router GEMM timer");
+}
 double RouterGemmTimer::bytes(int) const { no_cuda("the router GEMM timer"); }
 
 }  // namespace moekit::cuda

@@ -353,10 +353,15 @@ TEST(GpuLayer, TraceRecordsTheKernelTimelineInOrder) {
     EXPECT_LE(first(ev), last(ev)) << "event " << ev;
   }
   EXPECT_LE(last(cuda::kTraceRoutingStart), first(cuda::kTraceRoutingWaited));
+  EXPECT_LE(first(cuda::kTraceRoutingWaited), first(cuda::kTraceRoutingKeyed));
+  EXPECT_LE(first(cuda::kTraceRoutingKeyed), first(cuda::kTraceRoutingGrouped));
+  EXPECT_LE(first(cuda::kTraceRoutingGrouped), first(cuda::kTraceRoutingPicked));
+  EXPECT_LE(first(cuda::kTraceRoutingPicked), last(cuda::kTraceRoutingRouted));
   EXPECT_LE(last(cuda::kTraceRoutingWaited), first(cuda::kTraceRoutingRouted));
   EXPECT_LE(last(cuda::kTraceRoutingRouted), first(cuda::kTraceRoutingEnd));
   EXPECT_LE(last(cuda::kTraceRoutingEnd), first(cuda::kTraceGateUpWaited));
   EXPECT_LE(first(cuda::kTraceGateUpWaited), first(cuda::kTraceGateUpEnd));
+  EXPECT_LE(first(cuda::kTraceDownStart), first(cuda::kTraceDownIssued));
   EXPECT_LE(last(cuda::kTraceGateUpEnd), first(cuda::kTraceDownWaited));
   EXPECT_LE(last(cuda::kTraceDownWaited), last(cuda::kTraceDownEnd));
   gpu->forward(x.data(), 4, FuseShared::On);  // unset: the words stay as they were

@@ -473,5 +473,53 @@ TEST(RouterGemmCuda, TimerRunsAndTimesEveryBackend) {
   EXPECT_GT(timer.bytes(1), 1024.0 * 64 * 2);
 }
 
+// In a decode step the router GEMM follows a kernel that writes its x and lets it launch early
+// (PDL): every backend, launched after the timer's stand-in with x poisoned until the stand-in
+// writes it, returns what it returns on the written x (a kernel that read x, or wrote out, before
+// its griddepcontrol.wait returns NaN or is overwritten); the in-step time is finite.
+TEST(RouterGemmCuda, InStepLaunchReadsXOnlyAfterThePreviousKernelWroteIt) {
+  MK_REQUIRE_GPU();
+  const bool pdl = router_gemm_pdl();
+  set_router_gemm_pdl(true);
+  for (const tuning::RouterGemmShape& shape :
+       {tuning::RouterGemmShape{DType::BF16, 7168, 256, false},
+        tuning::RouterGemmShape{DType::F32, 3072, 256, false},
+        tuning::RouterGemmShape{DType::BF16, 2880, 128, true}}) {
+    RouterGemmTimer timer(shape, 16);
+    std::vector<RouterGemmConfig> configs = {
+        tuning::router_gemm_fallback(), RouterGemmConfig{RouterGemmBackend::Cublas, 0, 0, 0, 1},
+        RouterGemmConfig{RouterGemmBackend::Dot, 256, 1, 1, 1},
+        RouterGemmConfig{RouterGemmBackend::Dot, 128, 2, 4, 2}};
+    if (shape.weight_dtype == DType::BF16) {
+      configs.push_back(RouterGemmConfig{RouterGemmBackend::SplitK, 256, 16, 8, 4});
+      configs.push_back(RouterGemmConfig{RouterGemmBackend::SplitK, 128, 32, 16, 1});
+    }
+    for (const RouterGemmConfig& c : configs) {
+      for (int m : {1, 3, 16}) {
+        if (tuning::router_gemm_config_problem(c, shape.weight_dtype, shape.k, shape.n, m) !=
+            nullptr)
+          continue;
+        const std::vector<float> in_step = timer.run_in_step(c, m);
+        const std::vector<float> ref = timer.run(tuning::router_gemm_fallback(), m);
+        ASSERT_EQ(in_step.size(), ref.size());
+        double scale = 0, diff = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(in_step[i]))
+              << tuning::describe(c) << " " << tuning::describe(shape) << " M=" << m << " i=" << i;
+          scale = std::max(scale, std::fabs(static_cast<double>(ref[i])));
+          diff = std::max(diff, std::fabs(static_cast<double>(in_step[i]) - ref[i]));
+        }
+        EXPECT_LE(diff, 1e-5 * scale)
+            << tuning::describe(c) << " " << tuning::describe(shape) << " M=" << m;
+      }
+    }
+    const double us = timer.time_in_step_us(nullptr, 1);
+    EXPECT_TRUE(std::isfinite(us) && us > -1.0) << us;  // a difference of two graph times
+    const double empty = timer.time_in_step_empty_us();
+    EXPECT_TRUE(std::isfinite(empty) && empty > -1.0) << empty;
+  }
+  set_router_gemm_pdl(pdl);
+}
+
 }  // namespace
 }  // namespace moekit::cuda

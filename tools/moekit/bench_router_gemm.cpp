@@ -1,12 +1,19 @@
 // `moekit bench router-gemm --model M [--batch 1-128] [--json] [--tuning-file F]`: the router GEMM
 // as the layer runs it (the tuned dispatch) against cuBLAS, in the same run, per M: microseconds,
 // the speed-up over cuBLAS, GB/s and the fraction of the floor, and the config chosen.
-// Headline (ours_us, x_cublas, GB/s, of_floor): launched without PDL, as `moekit tune` times its
+// Standalone (ours_us, x_cublas, GB/s, of_floor): launched without PDL, as `moekit tune` times its
 // candidates, so the ratio is the one the tuner's choice rule guarantees (>= 1/0.97 where ours is
-// chosen). pdl_us / x_pdl: with PDL, each launch following another router GEMM that triggers its
-// dependents early: a best case, shown beside it.
+// chosen). pdl_us / x_pdl: with PDL, each launch following another router GEMM (which triggers
+// its dependents only after its own wait).
+// In the step (step_us, cublas_step, x_step, of_step_floor): what one launch adds to a decode step
+// in which it follows the previous layer's expert kernel (RouterGemmTimer::time_in_step_us: a
+// stand-in that streams HBM, lets its dependents launch at once and writes x last): ours with PDL
+// (weights loaded under the stand-in), cuBLAS as it launches. The layer's situation.
 // Floor = (bytes of Wg + x + out) / 4.535e12 B/s (the H200's measured read bandwidth, DESIGN.md
-// §8) + the time of an empty kernel measured here by the same graph method (the launch share).
+// §8) + the time of an empty kernel measured here by the same graph method (the launch share);
+// the step floor is the bytes term alone (the launch is hidden under the previous kernel), and
+// empty_kernel_step_us (an empty PDL kernel that waits, timed in the step) is the boundary every
+// dependent kernel pays there.
 // Timing: RouterGemmTimer (CUDA-graph replay, weights rotated out of L2). Before timing, the
 // dispatch's output is checked against cuBLAS.
 #include <cmath>
@@ -48,14 +55,16 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
   for (const tuning::RouterGemmShape& shape : tuning::router_gemm_shapes(spec)) {
     cuda::RouterGemmTimer timer(shape, ms.back(), o.seed);
     const double empty_us = timer.time_empty_us();
+    const double empty_step_us = timer.time_in_step_empty_us();
     if (!o.json) {
       std::printf("router GEMM %s, %s, %zu MoE layer(s), %s (%s), %d weight copies, empty "
-                  "kernel %.2f us\n",
+                  "kernel %.2f us, in the step (PDL, waiting) %.2f us\n",
                   spec.name.c_str(), tuning::describe(shape).c_str(), spec.moe_layers.size(),
-                  dev.name.c_str(), tuning::arch_name(dev.arch), timer.copies(), empty_us);
-      std::printf("%5s %8s %8s %9s %7s %7s %7s %8s %8s  %s\n", "M", "ours_us", "pdl_us",
-                  "cublas_us", "x_cublas", "x_pdl", "GB/s", "floor_us", "of_floor",
-                  "config (source)");
+                  dev.name.c_str(), tuning::arch_name(dev.arch), timer.copies(), empty_us,
+                  empty_step_us);
+      std::printf("%5s %8s %8s %9s %7s %7s %7s %8s %8s %8s %11s %7s %8s  %s\n", "M", "ours_us",
+                  "pdl_us", "cublas_us", "x_cublas", "x_pdl", "GB/s", "floor_us", "of_floor",
+                  "step_us", "cublas_step", "x_step", "of_step", "config (source)");
     }
     for (int m : ms) {
       const tuning::RouterGemmChoice choice =
@@ -77,10 +86,13 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
       const double ours = timer.time_dispatch_us(m);
       cuda::set_router_gemm_pdl(true);
       const double ours_pdl = timer.time_dispatch_us(m);
+      const double ours_step = timer.time_in_step_us(nullptr, m);
       cuda::set_router_gemm_pdl(pdl_default);
       const double theirs = timer.time_config_us(cublas, m);
+      const double theirs_step = timer.time_in_step_us(&cublas, m);
       const double bytes = timer.bytes(m);
-      const double floor_us = bytes / kReadBandwidth * 1e6 + empty_us;
+      const double step_floor_us = bytes / kReadBandwidth * 1e6;
+      const double floor_us = step_floor_us + empty_us;
       std::ostringstream cfg;
       cfg << tuning::describe(choice.config) << " (" << tuning::source_name(choice.source) << ")";
       if (o.json) {
@@ -95,19 +107,27 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
                            {"cublas_us", theirs},
                            {"speedup_vs_cublas", theirs / ours},
                            {"speedup_vs_cublas_pdl", theirs / ours_pdl},
+                           {"ours_step_us", ours_step},
+                           {"cublas_step_us", theirs_step},
+                           {"speedup_vs_cublas_step", theirs_step / ours_step},
+                           {"step_floor_us", step_floor_us},
+                           {"fraction_of_step_floor", step_floor_us / ours_step},
                            {"gb_per_s", bytes / ours * 1e-3},
                            {"floor_us", floor_us},
                            {"fraction_of_floor", floor_us / ours},
                            {"bytes", bytes},
                            {"empty_kernel_us", empty_us},
+                           {"empty_kernel_step_us", empty_step_us},
                            {"backend", tuning::backend_name(choice.config.backend)},
                            {"config", tuning::describe(choice.config)},
                            {"config_source", tuning::source_name(choice.source)},
                            {"max_rel_diff_vs_cublas", diff}});
       } else {
-        std::printf("%5d %8.2f %8.2f %9.2f %6.2fx %6.2fx %7.0f %8.2f %7.0f%%  %s\n", m, ours,
-                    ours_pdl, theirs, theirs / ours, theirs / ours_pdl, bytes / ours * 1e-3,
-                    floor_us, 100 * floor_us / ours, cfg.str().c_str());
+        std::printf("%5d %8.2f %8.2f %9.2f %6.2fx %6.2fx %7.0f %8.2f %7.0f%% %8.2f %11.2f %6.2fx "
+                    "%7.0f%%  %s\n",
+                    m, ours, ours_pdl, theirs, theirs / ours, theirs / ours_pdl,
+                    bytes / ours * 1e-3, floor_us, 100 * floor_us / ours, ours_step, theirs_step,
+                    theirs_step / ours_step, 100 * step_floor_us / ours_step, cfg.str().c_str());
       }
     }
   }
@@ -121,7 +141,9 @@ int run_bench_router_gemm(const RouterBenchOptions& o) {
                           {"command", cmd.str()},
                           {"read_bandwidth_bytes_per_s", kReadBandwidth},
                           {"timing", "CUDA-graph replay, median of 7, weights rotated out of L2; ours_us "
-                                     "without PDL (as the tuner), ours_pdl_us with PDL"},
+                                     "without PDL (as the tuner), ours_pdl_us with PDL; *_step_us: "
+                                     "time added after a stand-in expert kernel that streams 16 MB, "
+                                     "triggers its dependents at once and writes x (ours with PDL)"},
                           {"mismatches", mismatches},
                           {"records", records}};
     std::printf("%s\n", doc.dump(1).c_str());

@@ -3,7 +3,8 @@
 // every legal router GEMM candidate (tuning::router_gemm_candidates, the generator the heuristic
 // rows are drawn from) for the gate shapes of the given models' MoE layers on the present GPU, and
 // writes the table: JSON for --tuning-file / MOEKIT_TUNING_FILE, or .inc lines for tuning/<arch>.inc.
-// Timing: RouterGemmTimer (CUDA-graph replay, weights rotated out of L2), without PDL. Each
+// Timing: RouterGemmTimer (CUDA-graph replay, weights rotated out of L2), without PDL (or, with
+// --in-step, after a stand-in for the previous layer's expert kernel, with PDL). Each
 // candidate's output is checked against the naive kernel before its time counts. The choice rule
 // (ours only where it beats cuBLAS by 3% at both ends of every M segment) is
 // tuning::select_router_gemm_rows (src/tuning/router_gemm_select.h).
@@ -66,6 +67,7 @@ struct TuneOptions {
   std::string format = "json";
   std::string inc_out;  // also write the rows as tuning/<arch>.inc lines here
   uint64_t seed = 0;
+  bool in_step = false;  // time each candidate in the step (RouterGemmTimer::time_in_step_us)
 };
 
 int run_tune(const TuneOptions& o) {
@@ -103,15 +105,18 @@ int run_tune(const TuneOptions& o) {
     for (int m : points) total += static_cast<long>(tuning::router_gemm_candidates(s.weight_dtype, s.k, s.n, m).size());
   }
   std::fprintf(stderr, "moekit tune: %s (%s), %zu gate shape(s), %zu values of M (%zu measured), "
-               "%ld timings, without PDL\n", dev.name.c_str(), tuning::arch_name(dev.arch),
-               shapes.size(), ms.size(), points.size(), total);
+               "%ld timings, %s\n", dev.name.c_str(), tuning::arch_name(dev.arch),
+               shapes.size(), ms.size(), points.size(), total,
+               o.in_step ? "in the step (after a stand-in expert kernel, with PDL)" : "without PDL");
   // why without PDL: in the back-to-back timing graph each of our launches follows another
   // router GEMM that triggers its dependents early, a best case the layer does not get (its
   // router GEMM follows kernels of other ops); cuBLAS gains nothing from it. Timed plainly, ours
   // and cuBLAS are compared on equal terms, and a kernel chosen here is no slower than cuBLAS in
   // the layer whatever precedes it. `moekit bench router-gemm` quotes the same measurement.
+  // --in-step: each candidate (with PDL) and cuBLAS timed after the stand-in for the previous
+  // layer's expert kernel, the time each adds to the step: the layer's own situation.
   const bool pdl_default = cuda::router_gemm_pdl();
-  cuda::set_router_gemm_pdl(false);
+  cuda::set_router_gemm_pdl(o.in_step);
   struct PdlRestore {
     bool on;
     ~PdlRestore() { cuda::set_router_gemm_pdl(on); }
@@ -139,7 +144,8 @@ int run_tune(const TuneOptions& o) {
           const double diff = max_relative_difference(timer.run(c, m), ref);
           // why 1e-4: both accumulate in fp32, in different orders, over K <= ~8k terms
           if (diff <= 1e-4) {
-            times.push_back({c, timer.time_config_us(c, m)});
+            times.push_back({c, o.in_step ? timer.time_in_step_us(&c, m)
+                                          : timer.time_config_us(c, m)});
           } else {
             problem << "disagrees with the naive kernel (max relative difference " << diff << ")";
           }
@@ -193,8 +199,9 @@ int run_tune(const TuneOptions& o) {
 
   auto inc_text = [&] {
     std::ostringstream os;
-    os << "// " << tuning::arch_name(dev.arch) << " router GEMM table, written by `moekit tune` on "
-       << dev.name << ", " << now_utc_iso() << ", for the models:\n//";
+    os << "// " << tuning::arch_name(dev.arch) << " router GEMM table, written by `moekit tune"
+       << (o.in_step ? " --in-step" : "") << "` on " << dev.name << ", " << now_utc_iso()
+       << ", for the models:\n//";
     for (const std::string& m : o.models) os << " " << m;
     os << "\n// Shapes and M not listed fall through to tuning/generic.inc. Every row is checked at "
           "build\n// time (src/tuning/router_gemm_tables.cpp).\n//\n"
@@ -214,6 +221,7 @@ int run_tune(const TuneOptions& o) {
     cmd << "moekit tune";
     for (const std::string& m : o.models) cmd << " --model " << m;
     cmd << " --batch " << o.m_list;
+    if (o.in_step) cmd << " --in-step";
     nlohmann::json doc = {{"arch", tuning::arch_name(dev.arch)},
                           {"device", dev.name},
                           {"date", now_utc_iso()},
@@ -255,6 +263,9 @@ void add_tune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--inc", o->inc_out, "Also write the rows as .inc lines (tuning/<arch>.inc)");
   cmd->add_option("--seed", o->seed, "Seed of the random weights and inputs")->capture_default_str();
+  cmd->add_flag("--in-step", o->in_step,
+                "Time candidates in the decode step (after a stand-in expert kernel, with PDL) "
+                "instead of alone without PDL");
   cmd->callback([o] {
     const int status = run_tune(*o);
     if (status != 0) throw CLI::RuntimeError(status);

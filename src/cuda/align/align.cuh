@@ -65,7 +65,9 @@ __device__ __forceinline__ void block_exclusive_scan2(int a, int b, int& pa, int
   __syncthreads();
 }
 
-__device__ __forceinline__ void align_block(const RoutingParams& p) {
+// local_ids: null, or the ids in this CTA's shared memory (a one-CTA routing grid), read
+// instead of p.ids.
+__device__ __forceinline__ void align_block(const RoutingParams& p, const int* local_ids) {
   __shared__ int counts[kAlignMaxRows];
   __shared__ int cursor[kAlignMaxRows];
   const int tid = threadIdx.x, nthreads = blockDim.x;
@@ -79,7 +81,7 @@ __device__ __forceinline__ void align_block(const RoutingParams& p) {
   __syncthreads();
 #pragma unroll 1
   for (int q = tid; q < pairs; q += nthreads) {
-    const int e = __ldcg(p.ids + q);
+    const int e = local_ids != nullptr ? local_ids[q] : __ldcg(p.ids + q);
     if (e >= 0 && e < rows) {
       atomicAdd(&counts[e], 1);
     } else {
@@ -113,7 +115,7 @@ __device__ __forceinline__ void align_block(const RoutingParams& p) {
 
 #pragma unroll 1
   for (int q = tid; q < pairs; q += nthreads) {
-    const int e = __ldcg(p.ids + q);
+    const int e = local_ids != nullptr ? local_ids[q] : __ldcg(p.ids + q);
     if (e >= 0 && e < rows) p.pair_list[atomicAdd(&cursor[e], 1)] = q;
   }
 

@@ -177,10 +177,16 @@ void print_trace(std::vector<std::unique_ptr<GpuMoeLayer>>& sets, const __nv_bfl
                  at(waited, true).c_str(), at(end, false).c_str(), at(end, true).c_str());
   };
   row("routing", kTraceRoutingStart, kTraceRoutingWaited, kTraceRoutingEnd);
+  std::fprintf(stderr,
+               "           keyed %s, grouped %s, picked %s (token 0: keys, groups kept, top-k)\n",
+               at(kTraceRoutingKeyed, false).c_str(), at(kTraceRoutingGrouped, false).c_str(),
+               at(kTraceRoutingPicked, false).c_str());
   std::fprintf(stderr, "           routed %s / %s (ids written; the dispatch follows)\n",
                at(kTraceRoutingRouted, false).c_str(), at(kTraceRoutingRouted, true).c_str());
   row("gate/up", kTraceGateUpStart, kTraceGateUpWaited, kTraceGateUpEnd);
   row("down", kTraceDownStart, kTraceDownWaited, kTraceDownEnd);
+  std::fprintf(stderr, "           issued %s / %s (first stage's weight copies, before the wait)\n",
+               at(kTraceDownIssued, false).c_str(), at(kTraceDownIssued, true).c_str());
 }
 
 }  // namespace

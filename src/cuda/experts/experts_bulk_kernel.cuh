@@ -347,6 +347,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
         }
         __syncwarp();  // the record is complete and the byte count armed before any copy
         issue_copies(s, m, true, waited);
+        if (!kGateUp && n == 0 && lane == 0) trace_mark(p.trace, kTraceDownIssued);
       }
       cur = nxt;
       nxt = nxt2;

@@ -15,12 +15,16 @@ namespace moekit::cuda {
 enum TraceEvent : int {
   kTraceRoutingStart,
   kTraceRoutingWaited,
+  kTraceRoutingKeyed,   // token 0's scores and selection keys computed (logits read)
+  kTraceRoutingGrouped,  // token 0's groups kept (grouped top-k only)
+  kTraceRoutingPicked,  // token 0's top-k ids picked
   kTraceRoutingRouted,  // ids and weights written (each CTA, before the dispatch)
   kTraceRoutingEnd,     // the dispatch is written (the last CTA)
   kTraceGateUpStart,
   kTraceGateUpWaited,  // the producer passed griddepcontrol.wait
   kTraceGateUpEnd,     // the epilogue warp wrote its last output
   kTraceDownStart,
+  kTraceDownIssued,  // the producer issued its first stage's weight copies (before its wait)
   kTraceDownWaited,
   kTraceDownEnd,
   kTraceEvents

@@ -56,6 +56,41 @@ __global__ void fill_nan_kernel(float* out, size_t count) {
 
 __global__ void empty_kernel() {}
 
+// An empty kernel that, launched with PDL, waits for the kernel before it (the boundary every
+// dependent kernel pays in a decode step).
+__global__ void empty_dependent_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Stand-in for the kernel before the router GEMM in a decode step (the previous layer's down
+// kernel): it lets its dependents launch at once (so a PDL router GEMM takes spare SM slots and
+// loads its weights under it), streams `stream_vecs` 16-byte vectors from HBM, and writes the
+// router's input last (x_dst = x_src), so that x is produced by the kernel before, as in the layer.
+__global__ void step_predecessor_kernel(const uint4* stream, size_t stream_vecs, const uint4* x_src,
+                                        uint4* x_dst, size_t x_vecs, unsigned* sink) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t first = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  unsigned acc = 0;
+  for (size_t i = first; i < stream_vecs; i += stride) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(stream + i));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) atomicAdd(sink, 1u);  // why: the loads must not be dead code
+  for (size_t i = first; i < x_vecs; i += stride) x_dst[i] = x_src[i];
+}
+
+// Bytes the stand-in streams per launch: ~3.7 us at the H200's read bandwidth, longer than a
+// router GEMM's weight fetch, shorter than a real down kernel (60-70 us for DeepSeek-V3).
+constexpr size_t kStepStreamBytes = size_t{16} << 20;
+
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
 }  // namespace
@@ -126,6 +161,58 @@ struct RouterGemmTimer::Impl {
   std::unique_ptr<DeviceBuffer> pool;
   StreamGuard stream;
   cudaEvent_t start = nullptr, stop = nullptr;
+  // time_in_step_us's stand-in predecessor: stream windows of kStepStreamBytes rotated out of L2,
+  // the x it writes (x_src: the copies' x values) and a sink for its checksum
+  int windows = 0;
+  int sms = 0;
+  std::unique_ptr<DeviceBuffer> step_stream, x_src, sink;
+
+  // Microseconds `launch(copy)` adds after the stand-in predecessor: graph of (predecessor,
+  // launch) pairs minus the graph of predecessors alone, per launch.
+  template <typename Launch>
+  double time_after_predecessor(int m, Launch launch) {
+    const double alone = time_graph([&](int c) { launch_predecessor(c, m); });
+    const double with = time_graph([&](int c) {
+      launch_predecessor(c, m);
+      launch(c);
+    });
+    return with - alone;
+  }
+
+  // Runs `config` once on copy 0 at M = m with its output poisoned (NaN) first and returns the
+  // output; `in_step`: after the stand-in, with x poisoned (bf16 NaN, 0xffff) until the stand-in
+  // rewrites it, so a launch that reads x before its PDL wait returns NaN.
+  std::vector<float> run_once(const tuning::RouterGemmConfig& config, int m, bool in_step) {
+    const RouterGemmProblem p = problem(0, m);
+    const size_t count = static_cast<size_t>(m) * shape.n;
+    fill_nan_kernel<<<64, 256, 0, stream.s>>>(p.out, count);
+    MK_CUDA_CHECK_LAUNCH();
+    if (in_step) {
+      MK_CUDA_CHECK(cudaMemsetAsync(const_cast<void*>(p.x), 0xff,
+                                    static_cast<size_t>(m) * shape.k * 2, stream.s));
+      launch_predecessor(0, m);
+    }
+    router_gemm(p, config, stream.s);
+    std::vector<float> out(count);
+    MK_CUDA_CHECK(cudaMemcpyAsync(out.data(), p.out, count * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream.s));
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream.s));
+    return out;
+  }
+
+  // The stand-in predecessor of launch `copy`: streams window copy % windows, then writes the
+  // copy's x (m rows).
+  void launch_predecessor(int copy, int m) {
+    const RouterGemmProblem p = problem(copy, m);
+    const size_t window_vecs = kStepStreamBytes / 16;
+    const uint4* window = static_cast<const uint4*>(step_stream->ptr) +
+                          static_cast<size_t>(copy % windows) * window_vecs;
+    step_predecessor_kernel<<<sms, 256, 0, stream.s>>>(
+        window, window_vecs, static_cast<const uint4*>(x_src->ptr),
+        static_cast<uint4*>(const_cast<void*>(p.x)), static_cast<size_t>(m) * shape.k * 2 / 16,
+        static_cast<unsigned*>(sink->ptr));
+    MK_CUDA_CHECK_LAUNCH();
+  }
 
   RouterGemmProblem problem(int copy, int m) const {
     char* base = static_cast<char*>(pool->ptr) + static_cast<size_t>(copy) * copy_stride;
@@ -218,9 +305,12 @@ RouterGemmTimer::RouterGemmTimer(const tuning::RouterGemmShape& shape, int max_m
                                                      s.w_bytes / dtype_size(shape.weight_dtype),
                                                      shape.weight_dtype == DType::F32, key, scale);
     MK_CUDA_CHECK_LAUNCH();
+    // why the same x values in every copy (at its own address): the in-step stand-in rewrites
+    // each copy's x from one source, so x never changes under a run and a reference computed
+    // before in-step timings still holds after them
     fill_random_kernel<<<1024, 256, 0, s.stream.s>>>(
         const_cast<void*>(p.x), s.x_bytes / 2, false,
-        random_values::stream_key(seed, c, Tensor::Input, -1), 1.0f);
+        random_values::stream_key(seed, 0, Tensor::Input, -1), 1.0f);
     MK_CUDA_CHECK_LAUNCH();
     if (shape.has_bias) {
       fill_random_kernel<<<16, 256, 0, s.stream.s>>>(
@@ -229,6 +319,20 @@ RouterGemmTimer::RouterGemmTimer(const tuning::RouterGemmShape& shape, int max_m
       MK_CUDA_CHECK_LAUNCH();
     }
   }
+  // The in-step stand-in's buffers: windows covering 2.5 x L2 (as the weight copies), zeroed
+  // (its reads are timed, never used), and its x source: the copies' x values.
+  s.sms = info.sms;
+  s.windows = static_cast<int>(std::max(
+      2.0, std::ceil(2.5 * static_cast<double>(info.l2_bytes) / kStepStreamBytes)));
+  s.step_stream = std::make_unique<DeviceBuffer>(kStepStreamBytes * s.windows);
+  MK_CUDA_CHECK(cudaMemsetAsync(s.step_stream->ptr, 0, kStepStreamBytes * s.windows, s.stream.s));
+  s.sink = std::make_unique<DeviceBuffer>(sizeof(unsigned));
+  MK_CUDA_CHECK(cudaMemsetAsync(s.sink->ptr, 0, sizeof(unsigned), s.stream.s));
+  s.x_src = std::make_unique<DeviceBuffer>(s.x_bytes);
+  fill_random_kernel<<<1024, 256, 0, s.stream.s>>>(
+      s.x_src->ptr, s.x_bytes / 2, false,
+      random_values::stream_key(seed, 0, random_values::Tensor::Input, -1), 1.0f);
+  MK_CUDA_CHECK_LAUNCH();
   MK_CUDA_CHECK(cudaEventCreate(&s.start));
   MK_CUDA_CHECK(cudaEventCreate(&s.stop));
   MK_CUDA_CHECK(cudaStreamSynchronize(s.stream.s));
@@ -274,19 +378,47 @@ double RouterGemmTimer::time_empty_us() {
   });
 }
 
+double RouterGemmTimer::time_in_step_us(const tuning::RouterGemmConfig* config, int m) {
+  Impl& s = *impl_;
+  MK_CHECK(m >= 1 && m <= s.max_m, "RouterGemmTimer: expected 1 <= m <= " << s.max_m << ", got " << m);
+  auto launch = [&](int c) {
+    if (config != nullptr) {
+      router_gemm(s.problem(c, m), *config, s.stream.s);
+    } else {
+      router_gemm(s.problem(c, m), s.stream.s);
+    }
+  };
+  launch(0);  // validate, create cuBLAS state, load the module: outside the capture
+  MK_CUDA_CHECK(cudaStreamSynchronize(s.stream.s));
+  return s.time_after_predecessor(m, launch);
+}
+
+double RouterGemmTimer::time_in_step_empty_us() {
+  Impl& s = *impl_;
+  return s.time_after_predecessor(1, [&](int) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(32);
+    cfg.stream = s.stream.s;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    MK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, empty_dependent_kernel));
+  });
+}
+
+std::vector<float> RouterGemmTimer::run_in_step(const tuning::RouterGemmConfig& config, int m) {
+  Impl& s = *impl_;
+  MK_CHECK(m >= 1 && m <= s.max_m, "RouterGemmTimer: expected 1 <= m <= " << s.max_m << ", got " << m);
+  return s.run_once(config, m, true);
+}
+
 std::vector<float> RouterGemmTimer::run(const tuning::RouterGemmConfig& config, int m) {
   Impl& s = *impl_;
   MK_CHECK(m >= 1 && m <= s.max_m, "RouterGemmTimer: expected 1 <= m <= " << s.max_m << ", got " << m);
-  const RouterGemmProblem p = s.problem(0, m);
-  const size_t count = static_cast<size_t>(m) * s.shape.n;
-  fill_nan_kernel<<<64, 256, 0, s.stream.s>>>(p.out, count);
-  MK_CUDA_CHECK_LAUNCH();
-  router_gemm(p, config, s.stream.s);
-  std::vector<float> out(count);
-  MK_CUDA_CHECK(cudaMemcpyAsync(out.data(), p.out, count * sizeof(float), cudaMemcpyDeviceToHost,
-                                s.stream.s));
-  MK_CUDA_CHECK(cudaStreamSynchronize(s.stream.s));
-  return out;
+  return s.run_once(config, m, false);
 }
 
 }  // namespace moekit::cuda

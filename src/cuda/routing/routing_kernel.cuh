@@ -94,9 +94,13 @@ __device__ __forceinline__ float score_of(Scoring scoring, float logit) {
 // the warp shuffles sit in uniform control flow: called under `if (token < T)` they compiled to
 // divergent-collective fallbacks that doubled the code. The runtime-bound loops are not unrolled
 // (small code); what shortens the token's chain is fewer warp reductions per pick.
+// bias: this lane's correction bias values (expert lane + 32 i; zeros without a bias), loaded by
+// the caller before its PDL wait. local_ids: null, or where the ids are also written at the same
+// index (token * slots + slot) for the dispatch of a one-CTA grid.
 template <int kPer>
 __device__ __forceinline__ void route_token(const RoutingParams& p, int token, int lane,
-                                            bool write) {
+                                            bool write, const float (&bias)[kPer],
+                                            int* local_ids) {
   static_assert(kPer >= 1 && kPer <= kPerLane, "kPer: experts per lane, 1..16");
   const RoutingConfig& cfg = p.cfg;
   const int num_e = cfg.num_experts;
@@ -133,10 +137,9 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
-    float k = score[i];
-    if (cfg.has_correction_bias && e < num_e) k += p.correction_bias[e];
-    key[i] = e < num_e ? k : neg_inf();
+    key[i] = e < num_e ? score[i] + bias[i] : neg_inf();
   }
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingKeyed);
 
   // grouped top-k: keep the topk_group best groups, -inf the rest
   if (cfg.n_group > 1) {
@@ -150,21 +153,21 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
     float my_group_score = neg_inf();  // lane g holds group g's score
     if (per_group == 32) {
       // group g is register g of every lane (DeepSeek-V3: 8 x 32): each group's top two by
-      // warp reductions, all groups independent of each other
+      // warp reductions. why no `g < n_group` test around the body: registers past the groups
+      // hold -inf keys (experts past E), so computing them is harmless, and without a branch
+      // per group the compiler can interleave the groups' independent reduction chains (with
+      // the kept groups chosen by rank below: the group stage 2.0 -> 1.8 us at DeepSeek-V3 T=1,
+      // bench/results/h200/2026-11-30-s4-run4-prewait-sanitize).
+      const bool top2 = cfg.group_score_top2_sum;
 #pragma unroll
       for (int g = 0; g < kPer; ++g) {
-        if (g < cfg.n_group) {
-          const uint32_t o = orderable(key[g]);
-          const uint32_t t1 = __reduce_max_sync(0xffffffffu, o);
-          float gs = from_orderable(t1);
-          if (cfg.group_score_top2_sum) {
-            // the second largest: the maximum again if two lanes hold it
-            const bool twice = __popc(__ballot_sync(0xffffffffu, o == t1)) > 1;
-            const uint32_t t2 = twice ? t1 : __reduce_max_sync(0xffffffffu, o == t1 ? 0u : o);
-            gs = gs + from_orderable(t2);
-          }
-          if (lane == g) my_group_score = gs;
-        }
+        const uint32_t o = orderable(key[g]);
+        const uint32_t t1 = __reduce_max_sync(0xffffffffu, o);
+        // the second largest: the maximum again if two lanes hold it
+        const bool twice = __popc(__ballot_sync(0xffffffffu, o == t1)) > 1;
+        const uint32_t t2 = twice ? t1 : __reduce_max_sync(0xffffffffu, o == t1 ? 0u : o);
+        const float gs = top2 ? from_orderable(t1) + from_orderable(t2) : from_orderable(t1);
+        if (lane == g && g < cfg.n_group) my_group_score = gs;
       }
     } else {
 #pragma unroll 1
@@ -195,19 +198,23 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
         if (lane == g) my_group_score = gs;
       }
     }
-    uint32_t kept = 0;
-    bool group_taken = false;
+    // The topk_group best groups (ties -> lower group), by rank rather than topk_group picks in
+    // a row: group g is kept when fewer than topk_group groups beat it (a higher score, or the
+    // same score and a lower index); the n_group (<= 32) scores are compared side by side.
+    const uint32_t mine = orderable(my_group_score);
+    int beaten_by = 0;
 #pragma unroll 1
-    for (int j = 0; j < cfg.topk_group; ++j) {
-      const bool open = lane < cfg.n_group && !group_taken;
-      const int g = warp_pick(open ? orderable(my_group_score) : 0u, lane);
-      group_taken |= lane == g;
-      kept |= 1u << g;
+    for (int h = 0; h < cfg.n_group; ++h) {
+      const uint32_t other = __shfl_sync(0xffffffffu, mine, h);
+      beaten_by += other > mine || (other == mine && h < lane);
     }
+    const uint32_t kept =
+        __ballot_sync(0xffffffffu, lane < cfg.n_group && beaten_by < cfg.topk_group);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       if (group[i] >= 0 && !((kept >> group[i]) & 1u)) key[i] = neg_inf();
     }
+    if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingGrouped);
   }
 
   // top-k selection; lane j keeps pick j. Each round: this lane's best untaken key (ascending i:
@@ -240,6 +247,8 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
     }
   }
 
+  if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingPicked);
+
   // weights, in slot order
   const bool is_pick = lane < cfg.top_k;
   float w = is_pick ? my_score : 0.0f;
@@ -265,6 +274,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
   if (is_pick) {
     ids[lane] = my_id;
     weights[lane] = w;
+    if (local_ids != nullptr) local_ids[token * slots + lane] = my_id;
   }
   if (cfg.shared_kind != SharedKind::None) {
     const float scale =
@@ -272,6 +282,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
     if (lane >= cfg.top_k && lane < slots) {
       ids[lane] = num_e + (lane - cfg.top_k);
       weights[lane] = scale;
+      if (local_ids != nullptr) local_ids[token * slots + lane] = num_e + (lane - cfg.top_k);
     }
     if (lane == 0 && p.shared_scale != nullptr) p.shared_scale[token] = scale;
   }
@@ -286,10 +297,23 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   // PDL: the logits come from the router GEMM just before; the gate/up kernel after us may
   // become resident now and wait for our completion
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingStart);
+  // The correction bias is a weight (no earlier kernel writes it): loaded before the wait, so
+  // that its round trip (from HBM: the expert weights streamed since the layer's last use evict
+  // it) overlaps the router GEMM instead of following the logits' in the token's chain.
+  float bias[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    bias[i] = p.cfg.has_correction_bias && e < p.cfg.num_experts ? p.correction_bias[e] : 0.0f;
+  }
   pdl_wait();
   pdl_launch_dependents();
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingWaited);
-  route_token<kPer>(p, token < p.tokens ? token : p.tokens - 1, lane, token < p.tokens);
+  // A one-CTA grid (T <= 16) keeps its ids in shared memory too, so that its dispatch reads
+  // them there, not back from L2 (two L2 round trips on the path to the gate/up kernel's wait).
+  __shared__ int local_ids[kRoutingWarps * 32];
+  route_token<kPer>(p, token < p.tokens ? token : p.tokens - 1, lane, token < p.tokens, bias,
+                    gridDim.x == 1 ? local_ids : nullptr);
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingRouted);
 
   // The last CTA to finish sees every token's ids and builds the dispatch lists. A grid of one
@@ -298,7 +322,7 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   __threadfence();
   __syncthreads();
   if (gridDim.x == 1) {
-    align_detail::align_block(p);
+    align_detail::align_block(p, local_ids);
     if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingEnd);
     return;
   }
@@ -309,7 +333,7 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  align_detail::align_block(p);
+  align_detail::align_block(p, nullptr);
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingEnd);
 }
 
