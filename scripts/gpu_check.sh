@@ -12,11 +12,13 @@
 #   ab.txt             the values of one setting side by side (stage ab; its stderr, with
 #                      --trace's timelines, in ab_stderr.txt)
 #   ncu.txt            per-kernel time and DRAM bytes of one forward under ncu (stage profile)
+#   ncu_source.txt     with PROFILE_SOURCE=1: stall reasons and the most-stalled instructions
 # Stages: STAGES="build test sanitize tune router layer" (the default; router and layer are the
 # router GEMM and MoE layer benchmarks); also "ab" (AB_VAR=each of AB_VALUES x AB_MODELS x
-# AB_BATCHES; by default the expert-kernel variants) and
-# "profile" (PROFILE_MODELS at PROFILE_TOKENS tokens under ncu). A failing stage is recorded and the script
-# goes on, so one call returns everything there is to learn.
+# AB_BATCHES; by default the expert-kernel variants; AB_VAR=ENV: values like A=1,B=2) and
+# "profile" (PROFILE_MODELS at PROFILE_TOKENS tokens under ncu; PROFILE_SOURCE=1 adds the
+# per-instruction stall samples, ncu_source.txt). A failing stage is recorded and the script goes
+# on, so one call returns everything there is to learn.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
@@ -44,7 +46,8 @@ t_start=$(date +%s)
 timed() {  # timed NAME LOGFILE COMMAND...: run with output appended to LOGFILE, record rc and time
   local name=$1 log=$2; shift 2
   local t0=$(date +%s)
-  # STAGE_TIMEOUT: a hung kernel costs one stage (rc 124), not the whole call
+  # STAGE_TIMEOUT: a hung kernel costs one stage (rc 124), not the whole call (the commands
+  # run through `sh -c "exec ..."`, so the signal reaches moekit itself, not only its shell)
   timeout "${STAGE_TIMEOUT:-1800}" "$@" >>"$log" 2>&1
   local rc=$?
   note "$(printf '%-34s rc=%-3s %5ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")"
@@ -104,7 +107,7 @@ fi
 if has_stage router && [ -x "$MOEKIT" ]; then
   for m in ${ROUTER_MODELS:-$models_all}; do
     timed "router-gemm $m" "$LOGS/bench_router.log" \
-      sh -c "'$MOEKIT' bench router-gemm --model $m --json >>'$OUT/bench_router.jsonl'"
+      sh -c "exec '$MOEKIT' bench router-gemm --model $m --json >>'$OUT/bench_router.jsonl'"
   done
   "$MOEKIT" bench router-gemm --model deepseek-v3 >>"$summary" 2>>"$LOGS/bench_router.log"
 fi
@@ -112,7 +115,7 @@ fi
 if has_stage layer && [ -x "$MOEKIT" ]; then
   for m in $BENCH_MODELS; do
     timed "bench $m" "$LOGS/bench_layer.log" \
-      sh -c "'$MOEKIT' bench --device cuda --model $m --batch $BENCH_BATCHES --json >>'$OUT/bench_layer.jsonl'"
+      sh -c "exec '$MOEKIT' bench --device cuda --model $m --batch $BENCH_BATCHES --json >>'$OUT/bench_layer.jsonl'"
   done
   "$MOEKIT" bench --device cuda --model deepseek-v3 --batch "$BENCH_BATCHES" \
     --plot "$OUT/deepseek-v3_sweep.png" --trace >>"$summary" 2>>"$OUT/trace_deepseek-v3.txt"
@@ -124,11 +127,15 @@ if has_stage ab && [ -x "$MOEKIT" ]; then
   for m in $AB_MODELS; do
     for k in $AB_VALUES; do
       echo "== $AB_VAR=$k $m" >>"$OUT/ab.txt"
+      echo "== $AB_VAR=$k $m" >>"$OUT/ab_stderr.txt"
       # AB_VAR=MOEKIT_BIN: the values are moekit binaries (e.g. one built from an older commit,
       # carried beside the tree), compared in the same run
+      # AB_VAR=ENV: each value is a comma-separated list of VAR=value settings
       bin=$MOEKIT
       [ "$AB_VAR" = MOEKIT_BIN ] && bin=$k
-      timed "ab $AB_VAR=$k $m" "$LOGS/ab.log" sh -c "$AB_VAR=$k '$bin' bench --device cuda \
+      settings="$AB_VAR=$k"
+      [ "$AB_VAR" = ENV ] && settings=$(echo "$k" | tr , ' ')
+      timed "ab $settings $m" "$LOGS/ab.log" sh -c "exec env $settings '$bin' bench --device cuda \
         --model $m --batch $AB_BATCHES $AB_ARGS >>'$OUT/ab.txt' 2>>'$OUT/ab_stderr.txt'"
     done
   done
@@ -139,7 +146,7 @@ if has_stage profile && [ -x "$MOEKIT" ]; then
   for m in $PROFILE_MODELS; do for tk in $PROFILE_TOKENS; do
     echo "== ncu --clock-control none, moekit run --device cuda --model $m --tokens $tk" \
       "(MOEKIT_EXPERTS_KERNEL=${PROFILE_KERNEL:-default})" >>"$OUT/ncu.txt"
-    timed "ncu $m T=$tk" "$LOGS/ncu.log" sh -c "MOEKIT_EXPERTS_KERNEL='$PROFILE_KERNEL' ncu --clock-control none --csv --page raw -k regex:'router|routing|experts' \
+    timed "ncu $m T=$tk" "$LOGS/ncu.log" sh -c "exec env MOEKIT_EXPERTS_KERNEL='$PROFILE_KERNEL' ncu --clock-control none --csv --page raw -k regex:'router|routing|experts' \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
       '$MOEKIT' run --device cuda --model $m --tokens $tk >'$LOGS/ncu_${m}_$tk.csv'"
     python3 - "$LOGS/ncu_${m}_$tk.csv" >>"$OUT/ncu.txt" <<'PY'
@@ -156,6 +163,14 @@ for r in data:
     print(name.ljust(60), " ".join(r[col[k]].rjust(14) for k in keys))
 print("units:", " ".join(units[col[k]] for k in keys))
 PY
+    if [ "${PROFILE_SOURCE:-0}" = 1 ]; then
+      # where each expert kernel's warps stall, per SASS instruction (ncu_source_summary.py)
+      timed "ncu source $m T=$tk" "$LOGS/ncu.log" sh -c "exec env MOEKIT_EXPERTS_KERNEL='$PROFILE_KERNEL' ncu --clock-control none \
+        --section SourceCounters --section WarpStateStats -k regex:experts --launch-count 3 \
+        --page source --csv --print-source sass '$MOEKIT' run --device cuda --model $m --tokens $tk \
+        >'$LOGS/ncu_source_${m}_$tk.csv'"
+      python3 scripts/ncu_source_summary.py "$LOGS/ncu_source_${m}_$tk.csv" >>"$OUT/ncu_source.txt"
+    fi
   done; done
 fi
 

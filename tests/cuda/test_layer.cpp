@@ -206,7 +206,7 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 }
 
 // Every expert-kernel variant (experts.h), by its MOEKIT_EXPERTS_KERNEL name.
-constexpr const char* kExpertKernels[] = {"regs", "regs-early", "bulk"};
+constexpr const char* kExpertKernels[] = {"regs", "regs-early", "bulk", "persistent"};
 
 // The layer with its expert kernels forced to `variant` (read once, at layer creation).
 std::unique_ptr<cuda::GpuMoeLayer> create_with_kernel(const LayerWeights& w,
@@ -325,51 +325,63 @@ TEST(GpuLayer, ForwardIsDeterministic) {
 
 // `moekit bench --trace`'s timeline: every event recorded, in the order PDL imposes (a kernel's
 // griddepcontrol.wait returns after the kernel before it has finished), and nothing recorded
-// once the trace is unset.
+// once the trace is unset. Both variants that record: bulk (gate/up, then down) and persistent
+// (both in one grid: down items start while other CTAs still run gate/up).
 TEST(GpuLayer, TraceRecordsTheKernelTimelineInOrder) {
   SKIP_WITHOUT_GPU();
   const MoeSpec spec = small_spec("deepseek-v3");
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 6);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 8;
-  const auto gpu = create_with_kernel(*w, opt, "bulk");  // the kernels that record
-  unsigned long long* words = nullptr;
-  ASSERT_EQ(cudaMalloc(&words, cuda::kTraceWords * 8), cudaSuccess);
-  std::vector<unsigned long long> init(cuda::kTraceWords, 0);
-  std::fill(init.begin(), init.begin() + cuda::kTraceEvents, ~0ull);  // earliest: none yet
-  ASSERT_EQ(cudaMemcpy(words, init.data(), cuda::kTraceWords * 8, cudaMemcpyHostToDevice),
-            cudaSuccess);
-  const std::vector<Bf16> x = random_x(4, spec.hidden, 6);
-  gpu->set_trace(words);
-  gpu->forward(x.data(), 4, FuseShared::On);
-  gpu->set_trace(nullptr);
-  std::vector<unsigned long long> t(cuda::kTraceWords);
-  ASSERT_EQ(cudaMemcpy(t.data(), words, cuda::kTraceWords * 8, cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  auto first = [&](int ev) { return t[ev]; };
-  auto last = [&](int ev) { return t[cuda::kTraceEvents + ev]; };
-  for (int ev = 0; ev < cuda::kTraceEvents; ++ev) {
-    EXPECT_NE(first(ev), ~0ull) << "event " << ev << " not recorded";
-    EXPECT_LE(first(ev), last(ev)) << "event " << ev;
+  for (const char* variant : {"bulk", "persistent"}) {
+    SCOPED_TRACE(variant);
+    const bool persistent = std::string(variant) == "persistent";
+    const auto gpu = create_with_kernel(*w, opt, variant);
+    unsigned long long* words = nullptr;
+    ASSERT_EQ(cudaMalloc(&words, cuda::kTraceWords * 8), cudaSuccess);
+    std::vector<unsigned long long> init(cuda::kTraceWords, 0);
+    std::fill(init.begin(), init.begin() + cuda::kTraceEvents, ~0ull);  // earliest: none yet
+    ASSERT_EQ(cudaMemcpy(words, init.data(), cuda::kTraceWords * 8, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    const std::vector<Bf16> x = random_x(4, spec.hidden, 6);
+    gpu->set_trace(words);
+    gpu->forward(x.data(), 4, FuseShared::On);
+    gpu->set_trace(nullptr);
+    std::vector<unsigned long long> t(cuda::kTraceWords);
+    ASSERT_EQ(cudaMemcpy(t.data(), words, cuda::kTraceWords * 8, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    auto first = [&](int ev) { return t[ev]; };
+    auto last = [&](int ev) { return t[cuda::kTraceEvents + ev]; };
+    for (int ev = 0; ev < cuda::kTraceEvents; ++ev) {
+      EXPECT_NE(first(ev), ~0ull) << "event " << ev << " not recorded";
+      EXPECT_LE(first(ev), last(ev)) << "event " << ev;
+    }
+    EXPECT_LE(last(cuda::kTraceRoutingStart), first(cuda::kTraceRoutingWaited));
+    EXPECT_LE(first(cuda::kTraceRoutingWaited), first(cuda::kTraceRoutingKeyed));
+    EXPECT_LE(first(cuda::kTraceRoutingKeyed), first(cuda::kTraceRoutingGrouped));
+    EXPECT_LE(first(cuda::kTraceRoutingGrouped), first(cuda::kTraceRoutingPicked));
+    EXPECT_LE(first(cuda::kTraceRoutingPicked), last(cuda::kTraceRoutingRouted));
+    EXPECT_LE(last(cuda::kTraceRoutingWaited), first(cuda::kTraceRoutingRouted));
+    EXPECT_LE(last(cuda::kTraceRoutingRouted), first(cuda::kTraceRoutingEnd));
+    EXPECT_LE(last(cuda::kTraceRoutingEnd), first(cuda::kTraceGateUpWaited));
+    EXPECT_LE(first(cuda::kTraceGateUpWaited), first(cuda::kTraceGateUpEnd));
+    EXPECT_LE(first(cuda::kTraceDownStart), first(cuda::kTraceDownIssued));
+    if (persistent) {
+      // a down item's h waits for its task's gate/up items, which follow the grid's wait
+      EXPECT_LE(first(cuda::kTraceGateUpWaited), first(cuda::kTraceDownStart));
+      EXPECT_LE(first(cuda::kTraceDownIssued), first(cuda::kTraceDownWaited));
+      EXPECT_LE(last(cuda::kTraceGateUpEnd), last(cuda::kTraceDownEnd));
+    } else {
+      EXPECT_LE(last(cuda::kTraceGateUpEnd), first(cuda::kTraceDownWaited));
+    }
+    EXPECT_LE(last(cuda::kTraceDownWaited), last(cuda::kTraceDownEnd));
+    gpu->forward(x.data(), 4, FuseShared::On);  // unset: the words stay as they were
+    std::vector<unsigned long long> after(cuda::kTraceWords);
+    ASSERT_EQ(cudaMemcpy(after.data(), words, cuda::kTraceWords * 8, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(after, t);
+    ASSERT_EQ(cudaFree(words), cudaSuccess);
   }
-  EXPECT_LE(last(cuda::kTraceRoutingStart), first(cuda::kTraceRoutingWaited));
-  EXPECT_LE(first(cuda::kTraceRoutingWaited), first(cuda::kTraceRoutingKeyed));
-  EXPECT_LE(first(cuda::kTraceRoutingKeyed), first(cuda::kTraceRoutingGrouped));
-  EXPECT_LE(first(cuda::kTraceRoutingGrouped), first(cuda::kTraceRoutingPicked));
-  EXPECT_LE(first(cuda::kTraceRoutingPicked), last(cuda::kTraceRoutingRouted));
-  EXPECT_LE(last(cuda::kTraceRoutingWaited), first(cuda::kTraceRoutingRouted));
-  EXPECT_LE(last(cuda::kTraceRoutingRouted), first(cuda::kTraceRoutingEnd));
-  EXPECT_LE(last(cuda::kTraceRoutingEnd), first(cuda::kTraceGateUpWaited));
-  EXPECT_LE(first(cuda::kTraceGateUpWaited), first(cuda::kTraceGateUpEnd));
-  EXPECT_LE(first(cuda::kTraceDownStart), first(cuda::kTraceDownIssued));
-  EXPECT_LE(last(cuda::kTraceGateUpEnd), first(cuda::kTraceDownWaited));
-  EXPECT_LE(last(cuda::kTraceDownWaited), last(cuda::kTraceDownEnd));
-  gpu->forward(x.data(), 4, FuseShared::On);  // unset: the words stay as they were
-  std::vector<unsigned long long> after(cuda::kTraceWords);
-  ASSERT_EQ(cudaMemcpy(after.data(), words, cuda::kTraceWords * 8, cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(after, t);
-  ASSERT_EQ(cudaFree(words), cudaSuccess);
 }
 
 TEST(GpuLayer, GraphReplayMatchesForward) {
@@ -428,6 +440,20 @@ TEST(GpuLayer, AtMostFourLaunchesWhenFused) {
     if (tokens <= 8) EXPECT_LE(fused.kernels, 4) << "T=" << tokens;
     EXPECT_EQ(unfused.kernels, fused.kernels + 2) << "T=" << tokens;
     std::printf("T=%d: %d non-kernel graph nodes (fused)\n", tokens, fused.other_nodes);
+  }
+}
+
+// The persistent expert variant: gate/up and down are one launch (3 per fused layer).
+TEST(GpuLayer, PersistentExpertsTakeOneLaunch) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3");
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 3);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 128;
+  const auto gpu = create_with_kernel(*w, opt, "persistent");
+  for (int tokens : {1, 8, 128}) {
+    EXPECT_EQ(gpu->count_launches(tokens, true).kernels, 3) << "T=" << tokens;
+    EXPECT_EQ(gpu->count_launches(tokens, false).kernels, 5) << "T=" << tokens;
   }
 }
 
@@ -625,14 +651,15 @@ TEST(ExpertsVariant, OverrideParsesItsValuesAndNamesABadOne) {
   const std::pair<const char*, cuda::ExpertsStream> values[] = {
       {"regs", cuda::ExpertsStream::Registers},
       {"regs-early", cuda::ExpertsStream::RegistersEarlyActs},
-      {"bulk", cuda::ExpertsStream::Bulk}};
+      {"bulk", cuda::ExpertsStream::Bulk},
+      {"persistent", cuda::ExpertsStream::Persistent}};
   for (const auto& [name, stream] : values) {
     setenv("MOEKIT_EXPERTS_KERNEL", name, 1);
     EXPECT_EQ(cuda::experts_stream_override(), stream) << name;
   }
   setenv("MOEKIT_EXPERTS_KERNEL", "ring", 1);  // the removed cp.async variant
   test::expect_error([] { cuda::experts_stream_override(); },
-                     {"MOEKIT_EXPERTS_KERNEL='ring' (expected regs, regs-early or bulk)"});
+                     {"MOEKIT_EXPERTS_KERNEL='ring' (expected regs, regs-early, bulk or persistent)"});
   unsetenv("MOEKIT_EXPERTS_KERNEL");
 }
 

@@ -13,7 +13,8 @@
 //   pair_list   pair q = t*slots + s placed in its expert's segment (order inside a segment is
 //               free: each token is its own GEMM column, so results do not depend on it)
 //   unfused     shared_tasks = ceil(T/chunk) chunks of tokens 0..T-1 for the shared MLP
-//   counters    work-item counters and combine tile counters zeroed for the kernels that follow
+//   counters    work-item counters, combine tile counters and the fused expert kernel's per-task
+//               gate/up counters zeroed for the kernels that follow
 //
 // Runs in the routing kernel's last CTA (routing_kernel.cuh), so tiny batches pay no extra launch
 // and no sort: at T=1 it is nine pairs. Loops stay rolled (`unroll 1`): the code is fetched cold.
@@ -128,6 +129,10 @@ __device__ __forceinline__ void align_block(const RoutingParams& p, const int* l
   }
 #pragma unroll 1
   for (int i = tid; i < p.num_tile_counters; i += nthreads) p.tile_counters[i] = 0;
+  if (p.task_done != nullptr) {
+#pragma unroll 1
+    for (int i = tid; i < total_tasks; i += nthreads) p.task_done[i] = 0;
+  }
   if (tid == 0) {
     p.counters->num_tasks = total_tasks;
     p.counters->num_shared_tasks = p.shared_tasks != nullptr ? shared_chunks : 0;

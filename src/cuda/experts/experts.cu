@@ -1,13 +1,18 @@
 // Launch code of the grouped expert kernels (experts_bulk_kernel.cuh, experts_kernel.cuh): the
-// variant table, the persistent grid size, the launch. Thirteen instantiations in all (CI compiles
+// variant table, the persistent grid size, the launch. Fifteen instantiations in all (CI compiles
 // on two cores).
 //
 // Variants, chosen per forward by experts_stream_default (measured) unless
-// MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk forces one at layer creation:
+// MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent forces one at layer creation:
 //   bulk (decode batches): experts_bulk_kernel.cuh, weights and activations by bulk copies into a
 //     ring of shared-memory stages, producer / consumer / epilogue warps (one CTA of 10 warps and
 //     ~210 KB of shared memory per SM); chunk 8: 4 stages of 16 x 2 KB of weights, chunk 16: 5
 //     stages of 16 x 1 KB.
+//   persistent (opt-in): the bulk kernel's warps running gate/up and then down in ONE grid of
+//     resident CTAs (experts_bulk_fused_kernel): a CTA's down items wait per task on the gate/up
+//     completion counters instead of a kernel boundary; 3 launches per fused layer. Measured 17-18%
+//     slower than bulk on the H200 (bench/results/h200/2026-11-30-s5-persistent-experts): not a
+//     default.
 //   regs / regs-early (larger batches): experts_kernel.cuh, weights in registers (kNT n-tiles of
 //     8 tokens per task, kUnroll k blocks in flight per warp), spill-free at 2 CTAs of 256
 //     threads per SM (128 registers, ptxas -v, CUDA 13).
@@ -50,7 +55,7 @@ struct Variant {
 };
 
 int smem_bytes(ExpertsStream stream_kind, int chunk) {
-  if (stream_kind != ExpertsStream::Bulk) return 0;
+  if (stream_kind != ExpertsStream::Bulk && stream_kind != ExpertsStream::Persistent) return 0;
   return chunk == 8 ? bulk_smem_bytes<1>() : bulk_smem_bytes<2>();
 }
 
@@ -63,6 +68,7 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
   MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
                                           << " (expected 8 or 16)");
   switch (stream_kind) {
+    case ExpertsStream::Persistent:  // its separate GEMMs (the unfused shared MLP) run as Bulk
     case ExpertsStream::Bulk:
       if (chunk == 8) {
         return {gate_up ? experts_bulk_kernel<true, 1> : experts_bulk_kernel<false, 1>,
@@ -115,7 +121,8 @@ std::optional<ExpertsStream> experts_stream_override() {
   if (s == "regs") return ExpertsStream::Registers;
   if (s == "regs-early") return ExpertsStream::RegistersEarlyActs;
   if (s == "bulk") return ExpertsStream::Bulk;
-  MK_FAIL("MOEKIT_EXPERTS_KERNEL='" << s << "' (expected regs, regs-early or bulk)");
+  if (s == "persistent") return ExpertsStream::Persistent;
+  MK_FAIL("MOEKIT_EXPERTS_KERNEL='" << s << "' (expected regs, regs-early, bulk or persistent)");
 }
 
 ExpertsStream experts_stream_default(int hidden, int tokens) {
@@ -148,6 +155,52 @@ void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
   const Variant v = kernel_for(kind, chunk, stream_kind, p.k);
   launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk), stream, p);
+}
+
+namespace {
+
+using FusedFn = void (*)(ExpertsParams, ExpertsParams, int*, int);
+
+FusedFn fused_kernel_for(int chunk) {
+  MK_CHECK(chunk == 8 || chunk == 16, "no fused expert kernel for chunk " << chunk
+                                          << " (expected 8 or 16)");
+  return chunk == 8 ? experts_detail::experts_bulk_fused_kernel<1>
+                    : experts_detail::experts_bulk_fused_kernel<2>;
+}
+
+int fused_gate_up_order() {
+  static const int order = [] {
+    const char* v = std::getenv("MOEKIT_FUSED_GATE_UP_ORDER");
+    if (v == nullptr || v[0] == '\0') return int{experts_detail::kGateUpRoundRobin};
+    const std::string s(v);
+    if (s == "round-robin") return int{experts_detail::kGateUpRoundRobin};
+    if (s == "ranges") return int{experts_detail::kGateUpRanges};
+    MK_FAIL("MOEKIT_FUSED_GATE_UP_ORDER='" << s << "' (expected round-robin or ranges)");
+  }();
+  return order;
+}
+
+}  // namespace
+
+int experts_fused_grid(int chunk) {
+  int device = 0, sms = 0, per_sm = 0;
+  MK_CUDA_CHECK(cudaGetDevice(&device));
+  MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const FusedFn fn = fused_kernel_for(chunk);
+  const int smem = smem_bytes(ExpertsStream::Persistent, chunk);
+  MK_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kBulkThreads, smem));
+  MK_CHECK(per_sm > 0,
+           "fused expert kernel (chunk " << chunk << ") cannot be resident on this device");
+  return sms * per_sm;
+}
+
+void launch_experts_fused(int chunk, const ExpertsParams& gu, const ExpertsParams& dn,
+                          int* task_done, int grid, cudaStream_t stream) {
+  MK_CHECK(task_done != nullptr, "launch_experts_fused: task_done is null");
+  launch_pdl(fused_kernel_for(chunk), dim3(grid), dim3(kBulkThreads),
+             smem_bytes(ExpertsStream::Persistent, chunk), stream, gu, dn, task_done,
+             fused_gate_up_order());
 }
 
 }  // namespace moekit::cuda

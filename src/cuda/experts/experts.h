@@ -63,23 +63,39 @@ enum class ExpertsStream {
   Bulk,                // experts_bulk_kernel.cuh: a producer warp streams weights and
                        // activations by bulk copies (TMA) into a shared-memory ring, 8 warps
                        // compute, an epilogue warp writes the outputs and combines
+  Persistent,          // the same warps, gate/up and down in ONE persistent grid
+                       // (launch_experts_fused): a CTA moves from its gate/up items to its down
+                       // items, each waiting for its task's h; no boundary, one launch less
 };
 
 // Tokens per task (8 or 16) for `tokens` tokens per forward: the dispatch's chunk and the variant.
 // MOEKIT_EXPERTS_CHUNK=8|16 overrides.
 int experts_chunk(int tokens);
-// MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk when set (read at each call; layers call once, at
+// MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent when set (read at each call; layers call once, at
 // creation), else nullopt: the measured default applies.
 std::optional<ExpertsStream> experts_stream_override();
 // The measured default variant for experts of hidden size `hidden` at `tokens` tokens per forward.
 ExpertsStream experts_stream_default(int hidden, int tokens);
-constexpr int kExpertsStreams = 3;  // ExpertsStream values, for per-variant tables
+constexpr int kExpertsStreams = 4;  // ExpertsStream values, for per-variant tables
 // Persistent grid size (SMs x resident CTAs) of a variant on the current device; also raises the
 // variant's dynamic shared-memory limit. k: the reduction length the launches will have (the
 // variant, and its CTAs per SM, depend on it); launch_experts picks the variant from p.k, and
 // any grid size is correct (work items are taken dynamically), a mismatched one only slower.
 int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k);
+// Persistent is launched by launch_experts_fused; launch_experts runs it as Bulk (the unfused
+// shared MLP's separate GEMMs).
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream);
+
+// The Persistent variant's grid: every CTA resident at once (it spins on other CTAs' progress),
+// so the SMs x resident CTAs of the fused kernel; also raises its shared-memory limit.
+int experts_fused_grid(int chunk);
+// Gate/up (gu) and down (dn, with its combine) of the same dispatch in one launch. task_done:
+// one int per task, zeroed by the dispatch (RoutingParams::task_done). The gate/up items are
+// dealt round-robin in task order (tasks finish one after another, so down items find their
+// h early), or with MOEKIT_FUSED_GATE_UP_ORDER=ranges in the gate/up kernel's contiguous
+// ranges (read once per process, for measurements).
+void launch_experts_fused(int chunk, const ExpertsParams& gu, const ExpertsParams& dn,
+                          int* task_done, int grid, cudaStream_t stream);
 
 }  // namespace moekit::cuda

@@ -41,6 +41,12 @@
 // ready) and their activation (h) copies after it: W2 streams through the gate/up tail. After
 // its wait the down kernel lets the next kernel launch (the next layer's router GEMM, which loads
 // its weights while we stream).
+// Fused (experts_bulk_fused_kernel, the Persistent variant): the same warps run a CTA's gate/up
+// items (dealt round-robin in task order) and then its down items in one grid of resident CTAs.
+// Each gate/up item's epilogue counts itself in its task's counter (release); a down item's
+// producer issues the item's weight copies at once and its h copies after acquiring the counter
+// at the task's gate/up item count. Measured 17-18% slower than the two launches on the H200, with
+// the same DRAM bytes (src/cuda/layer/NOTES.md, session 5): opt-in only.
 // Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
 #pragma once
 
@@ -131,7 +137,9 @@ struct BulkItem {
   int tile;
   int count;  // tokens of the task
   int chunk;  // k chunk of this stage
-  int pad[3];  // 96 bytes: the barriers after the records stay 8-byte aligned
+  int down;   // fused kernel: 1 for a down item, 0 for gate/up
+  int task;   // task id (the fused kernel's gate/up completion counter)
+  int pad;    // 96 bytes: the barriers after the records stay 8-byte aligned
   int pairs[16];  // pair ids of the task's tokens (rows of h / partial)
 };
 constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
@@ -173,8 +181,11 @@ constexpr int bulk_smem_bytes() {
 // The producer's view of one work item: its task in every lane, lane l < count holds pair l.
 struct ProducerItem {
   ExpertTask task;
+  int task_id;
+  int item;  // in its GEMM's item list
   int tile;
   int pair;
+  bool down;  // fused kernel: a down item
 };
 
 // Weight row i (0..15) of an item's m16 tile: gate rows r0.. then up rows I+r0.. (gate/up), or
@@ -188,15 +199,67 @@ __device__ __forceinline__ const __nv_bfloat16* tile_row(const ExpertsParams& p,
   return wexp + static_cast<size_t>(row) * p.k;
 }
 
-// kGateUp: gate/up + activation, else down (+ combine). kNT: n-tiles of 8 tokens per task.
-template <bool kGateUp, int kNT>
-__global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
+// What a launch of the bulk kernel does: one of the two GEMMs, or both in one persistent grid.
+enum BulkMode : int {
+  kBulkGateUp,  // gate/up + activation
+  kBulkDown,    // down (+ combine)
+  kBulkFused,   // gate/up, then down, in one grid (experts_bulk_fused_kernel below)
+};
+
+// How the fused kernel deals its gate/up items to CTAs.
+enum FusedGateUpOrder : int {
+  kGateUpRoundRobin,  // item i (task-major: task = i / tiles) to CTA i % grid: tasks finish
+                      // one after another, so down items find their h early
+  kGateUpRanges,      // contiguous tile-major ranges, as the gate/up kernel: every task
+                      // finishes with the last CTA (the A/B of the order)
+};
+
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ int load_relaxed_gpu(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
+__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Orders this thread's generic-proxy accesses of global memory with its async-proxy ones (the
+// bulk copies): h written by st.global in one CTA is read by cp.async.bulk in another.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// The bulk kernel's body. kMode kBulkGateUp / kBulkDown: the launch's params are gu / dn (the
+// other is not read). kBulkFused: every CTA runs its gate/up items (dealt by `order`), then its
+// down items (a contiguous tile-major range); a down item's activation copies wait until all
+// gate/up items of its task have counted themselves in task_done[task] (release / acquire), its
+// weight copies do not. Safe to spin: the grid is at most the resident CTAs (experts_grid), and
+// the next kernel launches only once every CTA has passed its trigger (all were resident).
+// kNT: n-tiles of 8 tokens per task.
+template <int kMode, int kNT>
+__device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
+                                                  int* task_done, int order) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
+  constexpr bool kHasGateUp = kMode != kBulkDown;
+  constexpr bool kHasDown = kMode != kBulkGateUp;
+  constexpr bool kFused = kMode == kBulkFused;
   constexpr int kStages = BulkShape<kNT>::kStages;
   constexpr int kChunkBlocks = BulkShape<kNT>::kChunkBlocks;
   static_assert(kChunkBlocks % kBulkConsumerWarps == 0, "whole blocks per consumer warp");
   using L = BulkLayout<kNT, kStages, kChunkBlocks>;
-  constexpr int kTileRows = kGateUp ? 8 : 16;  // output rows per item (gate/up: 8 of h)
+  constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
+  constexpr int kDownTileRows = 16;   // output rows per down item
   constexpr int kBlocksPerWarp = kChunkBlocks / kBulkConsumerWarps;
   extern __shared__ __align__(128) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + L::kRedOffset);
@@ -206,10 +269,13 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
   uint64_t* empty = full + kStages;
   uint64_t* red_full = empty + kStages;
   uint64_t* red_empty = red_full + kRedBuffers;
+  // the dispatch (tasks, pair list, task count) and the trace are the same in both params
+  const ExpertsParams& dp = kHasGateUp ? gu : dn;
+  unsigned long long* const trace = dp.trace;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
-    trace_mark(p.trace, kGateUp ? kTraceGateUpStart : kTraceDownStart);
+    trace_mark(trace, kHasGateUp ? kTraceGateUpStart : kTraceDownStart);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 32);  // every producer lane (the item record is written by several)
       mbar_init(&empty[s], kBulkConsumerWarps);
@@ -221,10 +287,12 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if constexpr (kGateUp) {
+  if constexpr (kHasGateUp) {
     pdl_wait();  // the dispatch is the kernel just before
-    pdl_launch_dependents();  // the down kernel may take SMs as our CTAs finish (header)
-    if (threadIdx.x == 0) trace_mark(p.trace, kTraceGateUpWaited);
+    // gate/up: the down kernel may take SMs as our CTAs finish; fused: the next layer's router
+    // GEMM may load its weights (header)
+    pdl_launch_dependents();
+    if (threadIdx.x == 0) trace_mark(trace, kTraceGateUpWaited);
   }
   // The producer's copy of a small dispatch, loaded in the same round trip as the task count:
   // lane l holds task l and pair l, and with <= 32 of them (decode: DeepSeek-V3 up to 3 tokens)
@@ -233,36 +301,69 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
   ExpertTask lane_task{0, 0, 0, 0};
   int lane_pair = 0;
   if (warp == kBulkProducerWarp) {
-    if (lane < p.task_capacity) lane_task = p.tasks[lane];
-    if (lane < p.pair_capacity) lane_pair = p.pair_list[lane];
+    if (lane < dp.task_capacity) lane_task = dp.tasks[lane];
+    if (lane < dp.pair_capacity) lane_pair = dp.pair_list[lane];
   }
-  const int num_tasks = *p.num_tasks;
-  const int total = num_tasks * (p.rows / kTileRows);
-  const int nkb = p.k / kBlockK;
-  const int nchunks = (nkb + kChunkBlocks - 1) / kChunkBlocks;
-  // this CTA's items: a contiguous range (tile-major, so most of a down tile's items are one
-  // CTA's and it combines the tile without a counter round trip); sizes differ by at most one
-  const int item_begin =
-      static_cast<int>(static_cast<long long>(total) * blockIdx.x / gridDim.x);
-  const int item_end =
-      static_cast<int>(static_cast<long long>(total) * (blockIdx.x + 1) / gridDim.x);
+  const int num_tasks = *dp.num_tasks;
+  // gate/up items: (task, tile of 8 rows of h); down items: (task, tile of 16 output rows)
+  const int gu_tiles = kHasGateUp ? gu.rows / kGateUpTileRows : 1;
+  const int gu_total = kHasGateUp ? num_tasks * gu_tiles : 0;
+  const int dn_total = kHasDown ? num_tasks * (dn.rows / kDownTileRows) : 0;
+  const int gu_nkb = kHasGateUp ? gu.k / kBlockK : 0;
+  const int dn_nkb = kHasDown ? dn.k / kBlockK : 0;
+  const int gu_nchunks = (gu_nkb + kChunkBlocks - 1) / kChunkBlocks;
+  const int dn_nchunks = (dn_nkb + kChunkBlocks - 1) / kChunkBlocks;
+  // this CTA's items, gate/up then down: contiguous tile-major ranges (most of a down tile's
+  // items are one CTA's, and it combines the tile without a counter round trip; sizes differ
+  // by at most one), except the fused kernel's gate/up items dealt round-robin task-major
+  auto range = [&](int total, int b) {
+    return static_cast<int>(static_cast<long long>(total) * b / gridDim.x);
+  };
+  const bool gu_round_robin = kFused && order == kGateUpRoundRobin;
+  const int gu_begin = range(gu_total, blockIdx.x);
+  const int gu_count = gu_round_robin
+                           ? (gu_total > static_cast<int>(blockIdx.x)
+                                  ? (gu_total - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
+                                  : 0)
+                           : range(gu_total, blockIdx.x + 1) - gu_begin;
+  const int dn_begin = range(dn_total, blockIdx.x);
+  const int dn_end = range(dn_total, blockIdx.x + 1);
+  const int seq_count = gu_count + (dn_end - dn_begin);
 
   if (warp == kBulkProducerWarp) {
     // ---- producer: the whole warp walks the items (lanes fetch pair ids), lane 0 issues ----
     // (warp-uniform calls: the lookups are shuffles)
-    const bool small_tasks = num_tasks <= 32 && num_tasks <= p.task_capacity;
-    const bool small_pairs = p.pair_capacity > 0 && p.pair_capacity <= 32;
-    auto fetch = [&](int item) {
+    const bool small_tasks = num_tasks <= 32 && num_tasks <= dp.task_capacity;
+    const bool small_pairs = dp.pair_capacity > 0 && dp.pair_capacity <= 32;
+    // the j-th item of this CTA's sequence
+    auto fetch = [&](int j) {
       ProducerItem it;
-      it.tile = item / num_tasks;
-      const int task = item - it.tile * num_tasks;
+      int task;
+      if (kHasGateUp && j < gu_count) {
+        it.down = false;
+        if (gu_round_robin) {
+          it.item = blockIdx.x + j * gridDim.x;
+          task = it.item / gu_tiles;
+          it.tile = it.item - task * gu_tiles;
+        } else {
+          it.item = gu_begin + j;
+          it.tile = it.item / num_tasks;
+          task = it.item - it.tile * num_tasks;
+        }
+      } else {
+        it.down = true;
+        it.item = dn_begin + (j - gu_count);
+        it.tile = it.item / num_tasks;
+        task = it.item - it.tile * num_tasks;
+      }
+      it.task_id = task;
       if (small_tasks) {
         it.task.expert = __shfl_sync(0xffffffffu, lane_task.expert, task);
         it.task.begin = __shfl_sync(0xffffffffu, lane_task.begin, task);
         it.task.count = __shfl_sync(0xffffffffu, lane_task.count, task);
         it.task.pad = 0;
       } else {
-        it.task = p.tasks[task];
+        it.task = dp.tasks[task];
       }
       it.pair = 0;
       return it;
@@ -272,25 +373,34 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
         const int pair = __shfl_sync(0xffffffffu, lane_pair, (it.task.begin + lane) & 31);
         if (lane < it.task.count) it.pair = pair;
       } else if (lane < it.task.count) {
-        it.pair = p.pair_list[it.task.begin + lane];
+        it.pair = dp.pair_list[it.task.begin + lane];
       }
     };
     // The copies of stage s (record m): lane i < 16 copies weight row i, lane 16 + j the
     // activation row of token j (kNT * 8 <= 16 tokens), so the address arithmetic runs on all
     // lanes at once and only the copy instructions themselves take turns (the compiler issues a
     // bulk copy once per active lane). Weights and/or activations (down: activations only after
-    // pdl_wait).
+    // pdl_wait, fused: after the task's gate/up items).
     const uint64_t weight_policy = l2_evict_first_policy();
     auto issue_copies = [&](int s, const BulkItem& m, bool weights, bool acts) {
+      const bool down = kHasDown && (!kHasGateUp || m.down);
+      const int nkb = down ? dn_nkb : gu_nkb;
+      const int k = down ? dn.k : gu.k;
       const int blocks = min(kChunkBlocks, nkb - m.chunk * kChunkBlocks);
       const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
       const int k0 = m.chunk * kChunkBlocks * kBlockK;
       const __nv_bfloat16* src = nullptr;
       if (lane < kBulkWeightRows) {
-        if (weights) src = tile_row<kGateUp>(p, m.expert, m.tile * kTileRows, lane) + k0;
+        if (weights) {
+          src = (down ? tile_row<false>(dn, m.expert, m.tile * kDownTileRows, lane)
+                      : tile_row<true>(gu, m.expert, m.tile * kGateUpTileRows, lane)) +
+                k0;
+        }
       } else if (acts && lane - kBulkWeightRows < m.count) {
         const int pair = m.pairs[lane - kBulkWeightRows];
-        src = p.x + static_cast<size_t>(pair / p.x_row_div) * p.k + k0;
+        const __nv_bfloat16* x = down ? dn.x : gu.x;
+        const int div = down ? dn.x_row_div : gu.x_row_div;
+        src = x + static_cast<size_t>(pair / div) * k + k0;
       }
       void* dst = smem + s * L::kStageBytes + lane * L::kPitch;
       if (src != nullptr) {
@@ -301,23 +411,69 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
         }
       }
     };
-    bool waited = kGateUp;
+    // Fused: wait until every gate/up item of `task` has counted itself in (any CTA's). The
+    // counters of tasks < 32 are polled by all lanes at once (lane l: tasks l, l + 32, ...) and
+    // those found complete remembered (ready_low), as is "all complete", so most down items
+    // need no round trip; a relaxed poll, then a fence: the acquire.
+    uint32_t ready_low = 0;
+    bool all_ready = false;
+    bool down_waited = false;
+    auto wait_task = [&](int task) {
+      if (all_ready || (task < 32 && ((ready_low >> task) & 1u))) return;
+      const unsigned long long t0 = global_timer_ns();
+      for (;;) {
+        bool lane_all = true, hit = false, low = false;
+        for (int t = lane; t < num_tasks; t += 32) {
+          const bool done = load_relaxed_gpu(task_done + t) >= gu_tiles;
+          if (t < 32) low = done;
+          if (t == task) hit = done;
+          lane_all = lane_all && done;
+        }
+        ready_low |= __ballot_sync(0xffffffffu, low);
+        all_ready = __all_sync(0xffffffffu, lane_all);
+        if (__any_sync(0xffffffffu, hit)) break;
+        // why a deadline: a grid larger than the resident CTAs would spin forever; fail loudly
+        if (global_timer_ns() - t0 > 4000000000ull) {
+          if (lane == 0) {
+            printf("moekit: fused expert kernel: CTA %d waited 4 s for the gate/up items of "
+                   "task %d (grid %d larger than the resident CTAs?)\n",
+                   static_cast<int>(blockIdx.x), task, static_cast<int>(gridDim.x));
+          }
+          __trap();
+        }
+        __nanosleep(256);
+      }
+      fence_acq_rel_gpu();         // acquire: the h of the counted items is visible ...
+      fence_proxy_async_global();  // ... to this thread's bulk copies too
+      __syncwarp();
+      if (!down_waited && lane == 0) trace_mark(trace, kTraceDownWaited);
+      down_waited = true;
+    };
+    bool waited = kHasGateUp;
+    bool down_started = false;
     int n = 0;  // stage fills so far
     // Two items of look-ahead: item i+1's pair ids and item i+2's task are in flight while item
     // i's stages are issued (a down item can be a single ~24 KB stage, shorter than the two
     // dependent L2 round trips of task then pair ids). The first three tasks are fetched
     // together, then the first two items' pair ids together: two round trips before the first
     // copy, not five.
-    auto clamp = [&](int i) { return min(i, item_end - 1); };
+    auto clamp = [&](int j) { return min(j, seq_count - 1); };
     ProducerItem cur{}, nxt{}, nxt2{};
-    if (item_begin < item_end) {
-      cur = fetch(item_begin);
-      nxt = fetch(clamp(item_begin + 1));
-      nxt2 = fetch(clamp(item_begin + 2));
+    if (seq_count > 0) {
+      cur = fetch(0);
+      nxt = fetch(clamp(1));
+      nxt2 = fetch(clamp(2));
       fetch_pair(cur);
       fetch_pair(nxt);
     }
-    for (int item = item_begin; item < item_end; ++item) {
+    for (int j = 0; j < seq_count; ++j) {
+      const bool down = kHasDown && (!kHasGateUp || cur.down);
+      const int nchunks = down ? dn_nchunks : gu_nchunks;
+      const int nkb = down ? dn_nkb : gu_nkb;
+      if (kFused && down && !down_started) {
+        down_started = true;
+        if (lane == 0) trace_mark(trace, kTraceDownStart);
+      }
       for (int c = 0; c < nchunks; ++c, ++n) {
         const int s = n % kStages;
         if (!waited && n >= kStages) {
@@ -325,18 +481,20 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
           pdl_wait();
           waited = true;
           pdl_launch_dependents();  // the next layer's router GEMM may load its weights (header)
-          if (lane == 0) trace_mark(p.trace, kTraceDownWaited);
+          if (lane == 0) trace_mark(trace, kTraceDownWaited);
           for (int q = 0; q < kStages; ++q) issue_copies(q, stage_meta[q], false, true);
         }
         mbar_wait(&empty[s], ((n / kStages) & 1) ^ 1);
         BulkItem& m = stage_meta[s];
         if (lane < 16) m.pairs[lane] = cur.pair;
         if (lane == 0) {
-          m.item = item;
+          m.item = cur.item;
           m.expert = cur.task.expert;
           m.tile = cur.tile;
           m.count = cur.task.count;
           m.chunk = c;
+          m.down = down;
+          m.task = cur.task_id;
         }
         if (lane == 0) {
           const int blocks = min(kChunkBlocks, nkb - c * kChunkBlocks);
@@ -346,18 +504,26 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
           mbar_arrive(&full[s]);
         }
         __syncwarp();  // the record is complete and the byte count armed before any copy
-        issue_copies(s, m, true, waited);
-        if (!kGateUp && n == 0 && lane == 0) trace_mark(p.trace, kTraceDownIssued);
+        if (kFused && down && c == 0) {
+          // the weights need nothing; h needs the task's gate/up items (every CTA's)
+          issue_copies(s, m, true, false);
+          if (!down_waited && lane == 0) trace_mark(trace, kTraceDownIssued);
+          wait_task(cur.task_id);
+          issue_copies(s, m, false, true);
+        } else {
+          issue_copies(s, m, true, waited);
+        }
+        if (kMode == kBulkDown && n == 0 && lane == 0) trace_mark(trace, kTraceDownIssued);
       }
       cur = nxt;
       nxt = nxt2;
       fetch_pair(nxt);  // its task was fetched an item ago
-      nxt2 = fetch(clamp(item + 3));
+      nxt2 = fetch(clamp(j + 3));
     }
     if (!waited) {
       pdl_wait();
       pdl_launch_dependents();
-      if (lane == 0) trace_mark(p.trace, kTraceDownWaited);
+      if (lane == 0) trace_mark(trace, kTraceDownWaited);
       for (int q = 0; q < n; ++q) issue_copies(q, stage_meta[q], false, true);
     }
     // no more work: an item record of -1 in the next stage
@@ -371,7 +537,8 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
   const int g = lane >> 2, t = lane & 3;
   if (warp == kBulkEpilogueWarp) {
     // ---- epilogue: reduce in warp order, write the outputs, count and combine down tiles ----
-    if constexpr (!kGateUp) pdl_wait();  // the combine reads outputs of earlier kernels
+    if constexpr (kMode == kBulkDown) pdl_wait();  // the combine reads outputs of earlier kernels
+    bool gate_up_ended = !kHasGateUp;
     for (int seq = 0;; ++seq) {
       const int buf = seq % kRedBuffers;
       mbar_wait(&red_full[buf], (seq / kRedBuffers) & 1);
@@ -379,38 +546,63 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
       if (m.item < 0) break;
       float acc[kNT][4];
       sum_warp_partials<kBulkConsumerWarps, kNT>(red + buf * L::kRedFloats, lane, acc);
-      const int item = m.item, tile = m.tile;
-      store_item_outputs<kGateUp, kNT>(p, m.expert, tile * kTileRows, m.count, m.pairs, acc, g, t);
+      const int item = m.item, tile = m.tile, task = m.task;
+      const bool down = kHasDown && (!kHasGateUp || m.down);
+      if (kFused && down && !gate_up_ended) {
+        gate_up_ended = true;
+        if (lane == 0) trace_mark(trace, kTraceGateUpEnd);
+      }
+      if (!down) {
+        store_item_outputs<true, kNT>(gu, m.expert, tile * kGateUpTileRows, m.count, m.pairs,
+                                      acc, g, t);
+        __syncwarp();
+        mbar_arrive(&red_empty[buf]);  // the buffer and its record are read
+        if constexpr (kFused) {
+          // count the item in: its h (every lane's stores, ordered before lane 0's release by
+          // __syncwarp; no fence.sc, which would also invalidate L1) before the count, for the
+          // bulk copies of the CTAs whose down items wait on it
+          fence_proxy_async_global();
+          __syncwarp();
+          if (lane == 0) red_release_gpu_add(task_done + task, 1);
+        }
+        continue;
+      }
+      store_item_outputs<false, kNT>(dn, m.expert, tile * kDownTileRows, m.count, m.pairs, acc,
+                                     g, t);
       __syncwarp();
       mbar_arrive(&red_empty[buf]);  // the buffer and its record are read
-      const bool closes_tile = item + 1 == item_end || (item + 1) / num_tasks != tile;
-      if (!kGateUp && p.tile_counters != nullptr && closes_tile) {
+      const bool closes_tile = item + 1 == dn_end || (item + 1) / num_tasks != tile;
+      if (dn.tile_counters != nullptr && closes_tile) {
         // this CTA's last item of the tile: combine it here if all its items were ours (the
         // warp wrote every partial: __syncwarp orders them), else count ours in and let the
         // CTA that completes the count combine
-        const int mine = item + 1 - max(item_begin, tile * num_tasks);
+        const int mine = item + 1 - max(dn_begin, tile * num_tasks);
         bool combine = mine == num_tasks;
         if (!combine) {
           __threadfence();  // our partials are visible before the counter counts them
           __syncwarp();
           int last = 0;
-          if (lane == 0) last = atomicAdd(p.tile_counters + tile, mine) + mine == num_tasks;
+          if (lane == 0) last = atomicAdd(dn.tile_counters + tile, mine) + mine == num_tasks;
           combine = __shfl_sync(0xffffffffu, last, 0);
           if (combine) {
             __threadfence();
-            if (lane == 0) p.tile_counters[tile] = 0;
+            if (lane == 0) dn.tile_counters[tile] = 0;
           }
         }
-        if (combine) combine_tile<8, 4>(p, tile, lane, 32);
+        if (combine) combine_tile<8, 4>(dn, tile, lane, 32);
       }
     }
-    if (lane == 0) trace_mark(p.trace, kGateUp ? kTraceGateUpEnd : kTraceDownEnd);
+    if (lane == 0) {
+      if (!gate_up_ended) trace_mark(trace, kTraceGateUpEnd);
+      if (kHasDown) trace_mark(trace, kTraceDownEnd);
+    }
     return;
   }
 
   // ---- consumers ----
   float acc[kNT][4];
   int count = 0;
+  int nkb = 0, nchunks = 0;  // of the current item
   int c = 0;    // k chunk of the current item
   int seq = 0;  // items finished by this CTA
   for (int n = 0;; ++n) {
@@ -420,7 +612,16 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
     const int buf = seq % kRedBuffers;
     const uint32_t empty_parity = ((seq / kRedBuffers) & 1) ^ 1;
     if (c == 0) {
-      const int item = m.item;
+      // the record's words that every lane needs, read by lane 0 (whose arrival on "empty"
+      // releases the stage: racecheck does not count a __syncwarp as ordering the other lanes'
+      // reads before it) and shuffled
+      int item = 0, item_count = 0, item_down = 0;
+      if (lane == 0) {
+        item = m.item;
+        item_count = m.count;
+        item_down = m.down;
+      }
+      item = __shfl_sync(0xffffffffu, item, 0);
       if (item < 0) {
         // tell the epilogue warp: a record of -1 in the next reduction buffer (every warp waits
         // for the buffer, so no arrival can count towards the buffer's previous use)
@@ -430,7 +631,10 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
         mbar_arrive(&red_full[buf]);
         break;
       }
-      count = m.count;
+      count = __shfl_sync(0xffffffffu, item_count, 0);
+      const bool down = kHasDown && (!kHasGateUp || __shfl_sync(0xffffffffu, item_down, 0));
+      nkb = down ? dn_nkb : gu_nkb;
+      nchunks = down ? dn_nchunks : gu_nchunks;
 #pragma unroll
       for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
       if (warp == 0) {
@@ -483,6 +687,21 @@ __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const Exp
     mbar_arrive(&red_full[buf]);  // every lane: each wrote its part of the buffer
     ++seq;
   }
+}
+
+// One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch.
+template <bool kGateUp, int kNT>
+__global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
+  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT>(p, p, nullptr, 0);
+}
+
+// Gate/up and down in one persistent grid (grid <= resident CTAs; task_done zeroed by the
+// dispatch, one counter per task): no boundary between the two, no second prologue, one launch.
+template <int kNT>
+__global__ void __launch_bounds__(kBulkThreads, 1)
+    experts_bulk_fused_kernel(const ExpertsParams gu, const ExpertsParams dn, int* task_done,
+                              int order) {
+  experts_bulk_body<kBulkFused, kNT>(gu, dn, task_done, order);
 }
 
 }  // namespace moekit::cuda::experts_detail

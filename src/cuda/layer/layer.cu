@@ -7,6 +7,7 @@
 //   2. routing + dispatch ids/weights [T, k+S], per-expert pair lists, tasks (one launch)
 //   3. gate/up            h[pair, I] = act(x W1^T, x W3^T) bf16, every touched expert once
 //   4. down + combine     y[T, H] = sum_slots w * (h W2^T + b2), deterministic, bf16
+//   (3+4 are one persistent launch with the Persistent expert variant: experts.h)
 //
 // Fused (the default when the spec can fuse): the shared MLP is S more experts E..E+S-1 whose
 // slots every token routes to, so it rides in launches 3-4. Unfused (the baseline): launches
@@ -90,6 +91,7 @@ struct GpuMoeLayer::Impl {
   RoutingConfig cfg_fused, cfg_unfused;
   cudaStream_t stream = nullptr;
   int grid[kExpertsStreams][2][2] = {};  // [variant][gate/up, down][chunk 8, 16]
+  int fused_grid[2] = {};                 // the Persistent variant's one launch [chunk 8, 16]
   std::optional<ExpertsStream> forced_stream;  // MOEKIT_EXPERTS_KERNEL at creation
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
@@ -99,7 +101,8 @@ struct GpuMoeLayer::Impl {
   // workspace
   size_t workspace_bytes = 0;
   DeviceBuffer logits, ids, weights, shared_scale, pair_list, tasks, shared_tasks, pair_identity;
-  DeviceBuffer h, shared_h, partial, shared_partial, counters, tile_counters, error_flag;
+  DeviceBuffer h, shared_h, partial, shared_partial, counters, tile_counters, task_done;
+  DeviceBuffer error_flag;
   DeviceBuffer x_in, y_out;
   int max_tasks = 0;
 
@@ -292,6 +295,7 @@ struct GpuMoeLayer::Impl {
     }
     allocate<DispatchCounters>(counters, 1, ws);
     allocate<int>(tile_counters, H / 16, ws);
+    allocate<int>(task_done, max_tasks, ws);
     allocate<int>(error_flag, 1, ws);
     allocate<__nv_bfloat16>(x_in, static_cast<size_t>(tm) * H, ws);
     allocate<__nv_bfloat16>(y_out, static_cast<size_t>(tm) * H, ws);
@@ -316,6 +320,7 @@ struct GpuMoeLayer::Impl {
         grid[v][1][c] = experts_grid(ExpertsKind::Down, chunks[c], sk, I);
       }
     }
+    for (int c = 0; c < 2; ++c) fused_grid[c] = experts_fused_grid(chunks[c]);
     warm_up_router_gemm(spec, opt.max_tokens, stream);
   }
 
@@ -367,6 +372,7 @@ struct GpuMoeLayer::Impl {
     const int ci = chunk == 8 ? 0 : 1;  // experts_chunk gives 8 or 16
     const ExpertsStream sk = kind_for(tokens);
     const int vi = static_cast<int>(sk);
+    const bool one_expert_launch = sk == ExpertsStream::Persistent;
     const bool shared_unfused = has_shared && !fused;
     auto* ctr = counters.as<DispatchCounters>();
 
@@ -399,6 +405,7 @@ struct GpuMoeLayer::Impl {
     rp.counters = ctr;
     rp.tile_counters = tile_counters.as<int>();
     rp.num_tile_counters = H / 16;
+    rp.task_done = one_expert_launch ? task_done.as<int>() : nullptr;
     rp.error_flag = error_flag.as<int>();
     rp.trace = trace;
     launch_routing(rp, st);
@@ -457,9 +464,8 @@ struct GpuMoeLayer::Impl {
     g.work_counter = &ctr->work[0];
     g.h = h.as<__nv_bfloat16>();
     g.trace = trace;
-    launch_experts(ExpertsKind::GateUp, chunk, sk, g, grid[vi][0][ci], st);
 
-    // 4. down + weighted combine
+    // 4. down + weighted combine (Persistent: one launch with gate/up)
     ExpertsParams d = experts_common();
     d.w = w2.as<__nv_bfloat16>();
     d.w_expert_stride = static_cast<long long>(H) * I;
@@ -485,7 +491,12 @@ struct GpuMoeLayer::Impl {
     d.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
     d.y = static_cast<__nv_bfloat16*>(y);
     d.trace = trace;
-    launch_experts(ExpertsKind::Down, chunk, sk, d, grid[vi][1][ci], st);
+    if (one_expert_launch) {
+      launch_experts_fused(chunk, g, d, task_done.as<int>(), fused_grid[ci], st);
+    } else {
+      launch_experts(ExpertsKind::GateUp, chunk, sk, g, grid[vi][0][ci], st);
+      launch_experts(ExpertsKind::Down, chunk, sk, d, grid[vi][1][ci], st);
+    }
   }
 };
 

@@ -48,6 +48,9 @@ struct RoutingParams {
   DispatchCounters* counters = nullptr;
   int* tile_counters = nullptr;    // combine counters to zero
   int num_tile_counters = 0;
+  // the fused expert kernel's per-task gate/up completion counters, zeroed for every task of
+  // the forward (its length is the task capacity), or null
+  int* task_done = nullptr;
   int* error_flag = nullptr;       // set to 1 when an id falls outside [0, weight_rows)
   unsigned long long* trace = nullptr;  // kernel timeline (cuda/layer/trace.cuh) or null
 };

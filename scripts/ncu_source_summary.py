@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Summarise `ncu --page source --csv --print-source sass` output (gpu_check.sh stage profile,
+PROFILE_SOURCE=1): per kernel, the warp instructions executed, the stall-reason mix of the warp
+samples, and the instructions with the most samples (with their execution counts, which tell the
+code's role: a consumer instruction runs once per stage and consumer warp, a producer one once per
+stage). Usage: ncu_source_summary.py FILE.csv[.gz] [top]"""
+import csv
+import gzip
+import sys
+
+REASONS = ["stall_barrier", "stall_branch_resolving", "stall_dispatch", "stall_drain", "stall_imc",
+           "stall_lg", "stall_long_sb", "stall_math", "stall_membar", "stall_mio", "stall_misc",
+           "stall_no_inst", "stall_not_selected", "stall_selected", "stall_short_sb", "stall_sleep",
+           "stall_tex", "stall_wait"]
+
+
+def number(text):
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def kernels(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    out, cur = [], None
+    with opener(path, "rt") as f:
+        for line in f:
+            if not line.startswith('"'):
+                continue  # the application's own output and ncu's notes
+            row = next(csv.reader([line]))
+            if row[0] == "Kernel Name":
+                cur = {"name": row[1], "rows": []}
+                out.append(cur)
+            elif cur is not None and row[0] == "Address":
+                cur["col"] = {name: i for i, name in enumerate(row)}
+            elif cur is not None:
+                cur["rows"].append(row)
+    return out
+
+
+def main():
+    path = sys.argv[1]
+    top = int(sys.argv[2]) if len(sys.argv) > 2 else 12
+    for k in kernels(path):
+        col, rows = k["col"], k["rows"]
+        samples = col["Warp Stall Sampling (All Samples)"]
+        executed = col["Instructions Executed"]
+        total = sum(number(r[samples]) for r in rows) or 1.0
+        print(f"== {k['name'][:150]}")
+        print(f"   warp instructions executed {sum(number(r[executed]) for r in rows):.0f},"
+              f" warp samples {total:.0f}")
+        mix = {r: sum(number(row[col[r]]) for row in rows) for r in REASONS if r in col}
+        print("   stalls: " + ", ".join(f"{r[6:]} {100 * v / total:.1f}%" for r, v in
+                                       sorted(mix.items(), key=lambda kv: -kv[1]) if v / total > 0.005))
+        for r in sorted(rows, key=lambda r: -number(r[samples]))[:top]:
+            print(f"   {100 * number(r[samples]) / total:5.1f}%  exec {number(r[executed]):>10.0f}"
+                  f"  {r[1].strip()[:80]}")
+
+
+if __name__ == "__main__":
+    main()
