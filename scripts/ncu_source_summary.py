@@ -51,8 +51,9 @@ def main():
         print(f"   warp instructions executed {sum(number(r[executed]) for r in rows):.0f},"
               f" warp samples {total:.0f}")
         mix = {r: sum(number(row[col[r]]) for row in rows) for r in REASONS if r in col}
-        print("   stalls: " + ", ".join(f"{r[6:]} {100 * v / total:.1f}%" for r, v in
-                                       sorted(mix.items(), key=lambda kv: -kv[1]) if v / total > 0.005))
+        ranked = sorted(mix.items(), key=lambda kv: -kv[1])
+        print("   stalls: " + ", ".join(f"{r[6:]} {100 * v / total:.1f}%" for r, v in ranked
+                                       if v / total > 0.005))
         for r in sorted(rows, key=lambda r: -number(r[samples]))[:top]:
             print(f"   {100 * number(r[samples]) / total:5.1f}%  exec {number(r[executed]):>10.0f}"
                   f"  {r[1].strip()[:80]}")

@@ -658,8 +658,9 @@ TEST(ExpertsVariant, OverrideParsesItsValuesAndNamesABadOne) {
     EXPECT_EQ(cuda::experts_stream_override(), stream) << name;
   }
   setenv("MOEKIT_EXPERTS_KERNEL", "ring", 1);  // the removed cp.async variant
-  test::expect_error([] { cuda::experts_stream_override(); },
-                     {"MOEKIT_EXPERTS_KERNEL='ring' (expected regs, regs-early, bulk or persistent)"});
+  test::expect_error(
+      [] { cuda::experts_stream_override(); },
+      {"MOEKIT_EXPERTS_KERNEL='ring' (expected regs, regs-early, bulk or persistent)"});
   unsetenv("MOEKIT_EXPERTS_KERNEL");
 }
 

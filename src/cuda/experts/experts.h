@@ -71,8 +71,8 @@ enum class ExpertsStream {
 // Tokens per task (8 or 16) for `tokens` tokens per forward: the dispatch's chunk and the variant.
 // MOEKIT_EXPERTS_CHUNK=8|16 overrides.
 int experts_chunk(int tokens);
-// MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent when set (read at each call; layers call once, at
-// creation), else nullopt: the measured default applies.
+// MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent when set (read at each call; layers call
+// once, at creation), else nullopt: the measured default applies.
 std::optional<ExpertsStream> experts_stream_override();
 // The measured default variant for experts of hidden size `hidden` at `tokens` tokens per forward.
 ExpertsStream experts_stream_default(int hidden, int tokens);

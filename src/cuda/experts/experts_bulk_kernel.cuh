@@ -244,8 +244,8 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // other is not read). kBulkFused: every CTA runs its gate/up items (dealt by `order`), then its
 // down items (a contiguous tile-major range); a down item's activation copies wait until all
 // gate/up items of its task have counted themselves in task_done[task] (release / acquire), its
-// weight copies do not. Safe to spin: the grid is at most the resident CTAs (experts_grid), and
-// the next kernel launches only once every CTA has passed its trigger (all were resident).
+// weight copies do not. Safe to spin: the grid is at most the resident CTAs (experts_fused_grid),
+// and the next kernel launches only once every CTA has passed its trigger (all were resident).
 // kNT: n-tiles of 8 tokens per task.
 template <int kMode, int kNT>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
