@@ -137,18 +137,28 @@ ExpertsStream experts_stream_default(int hidden, int tokens) {
   return large ? ExpertsStream::RegistersEarlyActs : ExpertsStream::Registers;
 }
 
-int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) {
+namespace {
+
+// SMs x resident CTAs of kernel `fn` on the current device; also raises its dynamic
+// shared-memory limit. `what` names the kernel in the error.
+template <typename... Params>
+int resident_grid(void (*fn)(Params...), int threads, int smem, const char* what, int chunk) {
   int device = 0, sms = 0, per_sm = 0;
   MK_CUDA_CHECK(cudaGetDevice(&device));
   MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const Variant v = kernel_for(kind, chunk, stream_kind, k);
-  const int smem = smem_bytes(stream_kind, chunk);
   if (smem > 48 * 1024) {
-    MK_CUDA_CHECK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    MK_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.fn, v.threads, smem));
-  MK_CHECK(per_sm > 0, "expert kernel (chunk " << chunk << ") cannot be resident on this device");
+  MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem));
+  MK_CHECK(per_sm > 0, what << " (chunk " << chunk << ") cannot be resident on this device");
   return sms * per_sm;
+}
+
+}  // namespace
+
+int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) {
+  const Variant v = kernel_for(kind, chunk, stream_kind, k);
+  return resident_grid(v.fn, v.threads, smem_bytes(stream_kind, chunk), "expert kernel", chunk);
 }
 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
@@ -183,16 +193,8 @@ int fused_gate_up_order() {
 }  // namespace
 
 int experts_fused_grid(int chunk) {
-  int device = 0, sms = 0, per_sm = 0;
-  MK_CUDA_CHECK(cudaGetDevice(&device));
-  MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const FusedFn fn = fused_kernel_for(chunk);
-  const int smem = smem_bytes(ExpertsStream::Persistent, chunk);
-  MK_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kBulkThreads, smem));
-  MK_CHECK(per_sm > 0,
-           "fused expert kernel (chunk " << chunk << ") cannot be resident on this device");
-  return sms * per_sm;
+  return resident_grid(fused_kernel_for(chunk), kBulkThreads,
+                       smem_bytes(ExpertsStream::Persistent, chunk), "fused expert kernel", chunk);
 }
 
 void launch_experts_fused(int chunk, const ExpertsParams& gu, const ExpertsParams& dn,

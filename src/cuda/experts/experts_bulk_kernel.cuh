@@ -214,12 +214,6 @@ enum FusedGateUpOrder : int {
                       // finishes with the last CTA (the A/B of the order)
 };
 
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __device__ __forceinline__ int load_relaxed_gpu(const int* p) {
   int v;
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -254,6 +248,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   constexpr bool kFused = kMode == kBulkFused;
+  // whether an item (its record's `down` flag) is a down item: fixed by the mode unless fused
+  auto is_down = [](int down_flag) { return kHasDown && (!kHasGateUp || down_flag != 0); };
   constexpr int kStages = BulkShape<kNT>::kStages;
   constexpr int kChunkBlocks = BulkShape<kNT>::kChunkBlocks;
   static_assert(kChunkBlocks % kBulkConsumerWarps == 0, "whole blocks per consumer warp");
@@ -383,7 +379,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     // pdl_wait, fused: after the task's gate/up items).
     const uint64_t weight_policy = l2_evict_first_policy();
     auto issue_copies = [&](int s, const BulkItem& m, bool weights, bool acts) {
-      const bool down = kHasDown && (!kHasGateUp || m.down);
+      const bool down = is_down(m.down);
       const int nkb = down ? dn_nkb : gu_nkb;
       const int k = down ? dn.k : gu.k;
       const int blocks = min(kChunkBlocks, nkb - m.chunk * kChunkBlocks);
@@ -467,7 +463,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       fetch_pair(nxt);
     }
     for (int j = 0; j < seq_count; ++j) {
-      const bool down = kHasDown && (!kHasGateUp || cur.down);
+      const bool down = is_down(cur.down);
       const int nchunks = down ? dn_nchunks : gu_nchunks;
       const int nkb = down ? dn_nkb : gu_nkb;
       if (kFused && down && !down_started) {
@@ -547,7 +543,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       float acc[kNT][4];
       sum_warp_partials<kBulkConsumerWarps, kNT>(red + buf * L::kRedFloats, lane, acc);
       const int item = m.item, tile = m.tile, task = m.task;
-      const bool down = kHasDown && (!kHasGateUp || m.down);
+      const bool down = is_down(m.down);
       if (kFused && down && !gate_up_ended) {
         gate_up_ended = true;
         if (lane == 0) trace_mark(trace, kTraceGateUpEnd);
@@ -632,7 +628,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         break;
       }
       count = __shfl_sync(0xffffffffu, item_count, 0);
-      const bool down = kHasDown && (!kHasGateUp || __shfl_sync(0xffffffffu, item_down, 0));
+      // (the flag is only read, and shuffled, when the mode does not fix it)
+      const bool down = is_down(kFused ? __shfl_sync(0xffffffffu, item_down, 0) : 0);
       nkb = down ? dn_nkb : gu_nkb;
       nchunks = down ? dn_nchunks : gu_nchunks;
 #pragma unroll

@@ -32,10 +32,16 @@ enum TraceEvent : int {
 constexpr int kTraceWords = 2 * kTraceEvents;
 
 #ifdef __CUDACC__
-__device__ __forceinline__ void trace_mark(unsigned long long* trace, int event) {
-  if (trace == nullptr) return;
+// The GPU's global nanosecond timer (the same on every SM).
+__device__ __forceinline__ unsigned long long global_timer_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void trace_mark(unsigned long long* trace, int event) {
+  if (trace == nullptr) return;
+  const unsigned long long t = global_timer_ns();
   atomicMin(trace + event, t);
   atomicMax(trace + kTraceEvents + event, t);
 }
