@@ -15,7 +15,8 @@
 #   ncu_source.txt     with PROFILE_SOURCE=1: stall reasons and the most-stalled instructions
 # Stages: STAGES="build test sanitize tune router layer" (the default; router and layer are the
 # router GEMM and MoE layer benchmarks); also "ab" (AB_VAR=each of AB_VALUES x AB_MODELS x
-# AB_BATCHES; by default the expert-kernel variants; AB_VAR=ENV: values like A=1,B=2) and
+# AB_BATCHES; by default the expert-kernel variants; AB_VAR=ENV: values like A=1,B=2, where
+# MOEKIT_BIN=path picks the binary) and
 # "profile" (PROFILE_MODELS at PROFILE_TOKENS tokens under ncu; PROFILE_SOURCE=1 adds the
 # per-instruction stall samples, ncu_source.txt). A failing stage is recorded and the script goes
 # on, so one call returns everything there is to learn.
@@ -135,6 +136,8 @@ if has_stage ab && [ -x "$MOEKIT" ]; then
       [ "$AB_VAR" = MOEKIT_BIN ] && bin=$k
       settings="$AB_VAR=$k"
       [ "$AB_VAR" = ENV ] && settings=$(echo "$k" | tr , ' ')
+      # (an ENV value may name the binary too: MOEKIT_BIN=path,MOEKIT_EXPERTS_KERNEL=...)
+      for s in $settings; do case $s in MOEKIT_BIN=*) bin=${s#MOEKIT_BIN=} ;; esac; done
       timed "ab $settings $m" "$LOGS/ab.log" sh -c "exec env $settings '$bin' bench --device cuda \
         --model $m --batch $AB_BATCHES $AB_ARGS >>'$OUT/ab.txt' 2>>'$OUT/ab_stderr.txt'"
     done

@@ -515,6 +515,35 @@ TEST(GpuLayerSmall, SanitizerShapesBothKernels) {
   }
 }
 
+// The bulk gate/up kernel's dynamic tail at its extremes and between: no claims (static ranges
+// only), some, and every item claimed (no static range). Each against the CPU reference, and a
+// forward repeated bit for bit (the claims land differently each time, the results do not).
+TEST(GpuLayerSmall, BulkDynamicTailAtEveryShare) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string model : {"deepseek-v3", "qwen3-30b-a3b"}) {
+    const MoeSpec spec = small_spec(model, 128, 16, 64);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 12);
+    cuda::GpuLayerOptions opt;
+    opt.max_tokens = 20;
+    for (const char* tail : {"0", "30", "100"}) {
+      setenv("MOEKIT_EXPERTS_TAIL", tail, 1);
+      const auto gpu = create_with_kernel(*w, opt, "bulk");
+      unsetenv("MOEKIT_EXPERTS_TAIL");
+      for (int tokens : {1, 7, 20}) {
+        const std::vector<Bf16> x = random_x(tokens, spec.hidden, 40 + tokens);
+        for (FuseShared fuse : {FuseShared::Off, FuseShared::Auto}) {
+          std::ostringstream what;
+          what << spec.name << " T=" << tokens << " fuse=" << fuse_shared_name(fuse)
+               << " tail=" << tail << "%";
+          const ForwardResult g = gpu->forward(x.data(), tokens, fuse);
+          expect_layer_matches_cpu(spec, *w, x.data(), tokens, g, fuse, what.str());
+          EXPECT_EQ(gpu->forward(x.data(), tokens, fuse).y, g.y) << what.str();
+        }
+      }
+    }
+  }
+}
+
 // ---- routing + dispatch alone, on constructed logits ----
 
 // Tie-free logits: a per-token permutation of evenly spaced values (0.05 apart).
@@ -662,6 +691,24 @@ TEST(ExpertsVariant, OverrideParsesItsValuesAndNamesABadOne) {
       [] { cuda::experts_stream_override(); },
       {"MOEKIT_EXPERTS_KERNEL='ring' (expected regs, regs-early, bulk or persistent)"});
   unsetenv("MOEKIT_EXPERTS_KERNEL");
+}
+
+TEST(ExpertsVariant, DynamicTailParsesAPercentageAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_TAIL");
+  const int fallback = cuda::experts_dynamic_tail_percent();
+  EXPECT_GE(fallback, 0);
+  EXPECT_LE(fallback, 100);
+  for (int pct : {0, 15, 100}) {
+    setenv("MOEKIT_EXPERTS_TAIL", std::to_string(pct).c_str(), 1);
+    EXPECT_EQ(cuda::experts_dynamic_tail_percent(), pct);
+  }
+  for (const char* bad : {"101", "-1", "15%", "x"}) {
+    setenv("MOEKIT_EXPERTS_TAIL", bad, 1);
+    test::expect_error([] { cuda::experts_dynamic_tail_percent(); },
+                       {std::string("MOEKIT_EXPERTS_TAIL='") + bad +
+                        "' (expected a percentage, 0 to 100)"});
+  }
+  unsetenv("MOEKIT_EXPERTS_TAIL");
 }
 
 TEST(ExpertsVariant, DefaultIsTheBulkKernelAtDecodeBatches) {

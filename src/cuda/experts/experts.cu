@@ -5,14 +5,14 @@
 // Variants, chosen per forward by experts_stream_default (measured) unless
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent forces one at layer creation:
 //   bulk (decode batches): experts_bulk_kernel.cuh, weights and activations by bulk copies into a
-//     ring of shared-memory stages, producer / consumer / epilogue warps (one CTA of 10 warps and
-//     ~210 KB of shared memory per SM); chunk 8: 4 stages of 16 x 2 KB of weights, chunk 16: 5
-//     stages of 16 x 1 KB.
+//     ring of shared-memory stages, consumer / 2 producer / epilogue warps (one CTA of 11 warps
+//     and ~210 KB of shared memory per SM); chunk 8: 2 stages of 16 x 4 KB of weights, chunk 16:
+//     5 stages of 16 x 1 KB.
 //   persistent (opt-in): the bulk kernel's warps running gate/up and then down in ONE grid of
 //     resident CTAs (experts_bulk_fused_kernel): a CTA's down items wait per task on the gate/up
-//     completion counters instead of a kernel boundary; 3 launches per fused layer. Measured 17-18%
-//     slower than bulk on the H200 (bench/results/h200/2026-11-30-s5-persistent-experts): not a
-//     default.
+//     completion counters instead of a kernel boundary; 3 launches per fused layer. Measured on
+//     the H200 within 1% of bulk on DeepSeek-V3, 5-13% slower on Qwen3-30B-A3B
+//     (bench/results/h200/2026-11-30-s6-producer-issue): not a default.
 //   regs / regs-early (larger batches): experts_kernel.cuh, weights in registers (kNT n-tiles of
 //     8 tokens per task, kUnroll k blocks in flight per warp), spill-free at 2 CTAs of 256
 //     threads per SM (128 registers, ptxas -v, CUDA 13).
@@ -123,6 +123,22 @@ std::optional<ExpertsStream> experts_stream_override() {
   if (s == "bulk") return ExpertsStream::Bulk;
   if (s == "persistent") return ExpertsStream::Persistent;
   MK_FAIL("MOEKIT_EXPERTS_KERNEL='" << s << "' (expected regs, regs-early, bulk or persistent)");
+}
+
+int experts_dynamic_tail_percent() {
+  // Measured on the H200 (bench/results/h200/2026-11-30-s6-producer-issue, run 3: the gate/up
+  // kernel's last CTA ended 5 us sooner at T=1, 70 us at T=128 with 35% than with none; 20% and
+  // 35% alike at T=1). The down kernel keeps static ranges: its claimed items, combined through
+  // the tile counters (a fence and an atomic each), made its epilogue the bottleneck.
+  constexpr int kDefault = 35;
+  const char* v = std::getenv("MOEKIT_EXPERTS_TAIL");
+  if (v == nullptr || v[0] == '\0') return kDefault;
+  const std::string s(v);
+  char* end = nullptr;
+  const long pct = std::strtol(s.c_str(), &end, 10);
+  MK_CHECK(*end == '\0' && pct >= 0 && pct <= 100,
+           "MOEKIT_EXPERTS_TAIL='" << s << "' (expected a percentage, 0 to 100)");
+  return static_cast<int>(pct);
 }
 
 ExpertsStream experts_stream_default(int hidden, int tokens) {

@@ -35,6 +35,9 @@ struct ExpertsParams {
   int task_capacity = 0;
   int pair_capacity = 0;
   int* work_counter = nullptr;     // device, zeroed by the dispatch
+  // bulk gate/up kernel: the last dynamic_tail_percent % of the items are not in the CTAs'
+  // static ranges but taken from work_counter by the CTAs that finish their ranges first
+  int dynamic_tail_percent = 0;
   // gate/up output h [pairs, inter] bf16 and activation
   __nv_bfloat16* h = nullptr;
   Activation activation = Activation::Silu;
@@ -71,6 +74,10 @@ enum class ExpertsStream {
 // Tokens per task (8 or 16) for `tokens` tokens per forward: the dispatch's chunk and the variant.
 // MOEKIT_EXPERTS_CHUNK=8|16 overrides.
 int experts_chunk(int tokens);
+// The bulk gate/up kernel's dynamic tail (ExpertsParams::dynamic_tail_percent):
+// MOEKIT_EXPERTS_TAIL=0..100 when set (read at each call; layers call once, at creation), else
+// the measured default.
+int experts_dynamic_tail_percent();
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent when set (read at each call; layers call
 // once, at creation), else nullopt: the measured default applies.
 std::optional<ExpertsStream> experts_stream_override();

@@ -12,27 +12,33 @@
 // blocking all warps at every down item's end). This one: 3.99 and 3.44 TB/s (ncu), the layer
 // 0.80 of the read bandwidth at T=1 against 0.62 for the register kernels in the same run
 // (src/cuda/layer/NOTES.md).
-//   warp 8 (producer): walks its items (a contiguous range of the tile-major item list, sizes
-//     within one of each other: every item of a launch moves the same bytes, so the split is
-//     even and there is no atomic round trip), fetching item i+2's task and item i+1's pair ids
-//     while it issues item i's stages. For each k chunk of kChunkBlocks 64-wide blocks it waits
-//     for a free stage, writes the stage's item record (expert, tile, token count, pair ids),
-//     arms the stage's "full" mbarrier with the byte count and issues the bulk copies: 16 weight
-//     rows (each row's chunk is contiguous) and one activation row per token (x, or h in down
-//     mode), all completing on that barrier.
+//   warps 8-9 (producers): each walks the CTA's items (a contiguous range of the tile-major item
+//     list, sizes within one of each other: every item of a launch moves the same bytes, so the
+//     split is even and there is no atomic round trip), fetching item i+2's task and item i+1's
+//     pair ids while it issues item i's stages, and fills the ring slots it owns (slot % 2).
+//     For each k chunk of kChunkBlocks 64-wide blocks it waits for its slot to be free, writes
+//     the stage's item record (expert, tile, token count, pair ids), arms the stage's "full"
+//     mbarrier with the byte count and issues the bulk copies: 16 weight rows (each row's chunk
+//     is contiguous) and one activation row per token (x, or h in down mode), all completing on
+//     that barrier. why two: a bulk copy takes uniform operands, so a warp issues its lanes'
+//     copies one after another (~20 instructions each); one warp's issue rate limited the
+//     stream (ncu, session 5). Measured (H200, session 6, same run): 2 producers + 4 KB rows
+//     against 1 + 2 KB rows take DeepSeek-V3 1.4% less time at T=1, 13% less at T=128, and
+//     Qwen3-30B-A3B 4% less at T=1, 12% at T=8, 15% at T=32 (4 KB rows alone: 3%, 4%, 5%).
 //   warps 0-7 (consumers): wait for a stage, run the mma of their k blocks from shared memory
 //     (block w and w + 8 of the chunk), release the stage ("empty" mbarrier), and at an item's
 //     end hand their accumulators to the epilogue through one of kRedBuffers reduction buffers
 //     ("red_full" mbarrier). They touch no global memory.
-//   warp 9 (epilogue): sums the eight warps' accumulators in warp order (deterministic), writes
+//   warp 10 (epilogue): sums the eight warps' accumulators in warp order (deterministic), writes
 //     h = act(g, u) or the fp32 down partials and frees the buffer ("red_empty"). In down mode,
 //     at the CTA's last item of a tile: a tile all of whose items were this CTA's (most of
 //     them: ranges are contiguous and tile-major) is combined at once (combine_tile); a tile
 //     shared with a neighbouring CTA (at most two per CTA) is counted in its tile counter after
 //     a fence, and the CTA that completes the count combines it. The epilogue lags the
 //     consumers by up to kRedBuffers items, so its stores and combines do not stall the stream.
-// Barrier arrivals: every lane that wrote what a barrier publishes arrives on it (compute-
-// sanitizer's racecheck does not take a __syncwarp before one lane's arrival as ordering).
+// Barrier arrivals: every lane that wrote what a barrier publishes, or read what it releases,
+// arrives on it (compute-sanitizer's racecheck does not take a __syncwarp before one lane's
+// arrival as ordering; with a 2-stage ring it reports the consumers' reads against the next fill).
 // Stage layout: 16 weight rows then kNT * 8 activation rows, each at a pitch of kChunkBlocks *
 // 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks.
 // PDL: gate/up waits for the dispatch and lets the down kernel launch; the down kernel's CTAs
@@ -45,8 +51,10 @@
 // items (dealt round-robin in task order) and then its down items in one grid of resident CTAs.
 // Each gate/up item's epilogue counts itself in its task's counter (release); a down item's
 // producer issues the item's weight copies at once and its h copies after acquiring the counter
-// at the task's gate/up item count. Measured 17-18% slower than the two launches on the H200, with
-// the same DRAM bytes (src/cuda/layer/NOTES.md, session 5): opt-in only.
+// at the task's gate/up item count. Opt-in only: on the H200 it was 17-18% slower than the two
+// launches with one producer and 2 KB rows (session 5); with two producers and 4 KB rows it is
+// within 1% of them on DeepSeek-V3 (T=1..128) but 5-13% slower on Qwen3-30B-A3B (session 6,
+// src/cuda/layer/NOTES.md).
 // Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
 #pragma once
 
@@ -63,11 +71,13 @@
 namespace moekit::cuda::experts_detail {
 
 constexpr int kBulkConsumerWarps = 8;
-constexpr int kBulkProducerWarp = kBulkConsumerWarps;
-constexpr int kBulkEpilogueWarp = kBulkConsumerWarps + 1;
-constexpr int kBulkThreads = (kBulkConsumerWarps + 2) * 32;
+constexpr int kBulkProducerWarps = 2;  // filling alternate ring slots (header: why two)
+constexpr int kBulkProducerWarp = kBulkConsumerWarps;  // the first producer warp
+constexpr int kBulkEpilogueWarp = kBulkConsumerWarps + kBulkProducerWarps;
+constexpr int kBulkThreads = (kBulkConsumerWarps + kBulkProducerWarps + 1) * 32;
 constexpr int kBulkWeightRows = 16;  // weight rows per item (the mma's M)
 constexpr int kRedBuffers = 4;       // items the epilogue warp may lag behind
+constexpr int kClaimSlots = 4;       // gate/up tail claims producer 0 may be ahead of producer 1
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -153,7 +163,9 @@ struct BulkLayout {
   static constexpr int kRedOffset = kStages * kStageBytes;
   static constexpr int kMetaOffset = kRedOffset + kRedBuffers * kRedFloats * 4;
   static constexpr int kBarOffset = kMetaOffset + (kStages + kRedBuffers) * sizeof(BulkItem);
-  static constexpr int kBytes = kBarOffset + 2 * (kStages + kRedBuffers) * 8;
+  // then the claim ring's barriers (2 x kClaimSlots) and claimed items (kClaimSlots ints)
+  static constexpr int kClaimOffset = kBarOffset + 2 * (kStages + kRedBuffers) * 8;
+  static constexpr int kBytes = kClaimOffset + 2 * kClaimSlots * 8 + kClaimSlots * 4;
   static_assert(kPitch % 16 == 0 && kStageBytes % 16 == 0, "bulk copies need 16-byte alignment");
   static_assert(kBarOffset % 8 == 0, "mbarriers need 8-byte alignment");
   // why: sm_90's largest dynamic shared memory per block (227 KB), one CTA per SM
@@ -165,7 +177,9 @@ template <int kNT>
 struct BulkShape;
 template <>
 struct BulkShape<1> {
-  static constexpr int kStages = 4, kChunkBlocks = 16;  // 4 x 50 KB (16 x 2 KB weights)
+  // 2 x 98 KB (16 x 4 KB weights). why 4 KB rows, not 4 stages of 2 KB: the same weight bytes
+  // in flight with half the bulk copies per byte (the copy issue limited the stream: header)
+  static constexpr int kStages = 2, kChunkBlocks = 32;
 };
 template <>
 struct BulkShape<2> {
@@ -265,6 +279,9 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   uint64_t* empty = full + kStages;
   uint64_t* red_full = empty + kStages;
   uint64_t* red_empty = red_full + kRedBuffers;
+  uint64_t* claim_full = reinterpret_cast<uint64_t*>(smem + L::kClaimOffset);
+  uint64_t* claim_empty = claim_full + kClaimSlots;
+  int* claim_ring = reinterpret_cast<int*>(claim_empty + kClaimSlots);
   // the dispatch (tasks, pair list, task count) and the trace are the same in both params
   const ExpertsParams& dp = kHasGateUp ? gu : dn;
   unsigned long long* const trace = dp.trace;
@@ -274,11 +291,15 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     trace_mark(trace, kHasGateUp ? kTraceGateUpStart : kTraceDownStart);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 32);  // every producer lane (the item record is written by several)
-      mbar_init(&empty[s], kBulkConsumerWarps);
+      mbar_init(&empty[s], kBulkConsumerWarps * 32);  // every consumer lane (each read it)
     }
     for (int b = 0; b < kRedBuffers; ++b) {
       mbar_init(&red_full[b], kBulkConsumerWarps * 32);  // every lane that wrote the buffer
       mbar_init(&red_empty[b], 32);
+    }
+    for (int c = 0; c < kClaimSlots; ++c) {
+      mbar_init(&claim_full[c], 32);   // producer 0's lanes
+      mbar_init(&claim_empty[c], 32);  // producer 1's lanes (each read the slot)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -296,7 +317,14 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   // then pair ids) before its first copy.
   ExpertTask lane_task{0, 0, 0, 0};
   int lane_pair = 0;
-  if (warp == kBulkProducerWarp) {
+  const bool producer_warp = warp >= kBulkProducerWarp && warp < kBulkEpilogueWarp;
+  // each ring slot has ONE producer (slot % 2 == id), so a slot's fills stay in order and the
+  // parity of its "empty" barrier cannot alias (alternating owners could run two phases ahead)
+  const int producer_id = warp - kBulkProducerWarp;
+  auto owns = [&](int fill) {
+    return (fill % BulkShape<kNT>::kStages) % kBulkProducerWarps == producer_id;
+  };
+  if (producer_warp) {
     if (lane < dp.task_capacity) lane_task = dp.tasks[lane];
     if (lane < dp.pair_capacity) lane_pair = dp.pair_list[lane];
   }
@@ -311,31 +339,77 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   const int dn_nchunks = (dn_nkb + kChunkBlocks - 1) / kChunkBlocks;
   // this CTA's items, gate/up then down: contiguous tile-major ranges (most of a down tile's
   // items are one CTA's, and it combines the tile without a counter round trip; sizes differ
-  // by at most one), except the fused kernel's gate/up items dealt round-robin task-major
+  // by at most one), except the fused kernel's gate/up items dealt round-robin task-major.
+  // The gate/up kernel splits only its first items so (its static items); the rest, its dynamic
+  // tail, go one by one from the work counter to the CTAs that finish their ranges first. why:
+  // CTAs stream at rates up to ~15% apart (the trace: DeepSeek-V3 T=1 gate/up CTAs ending 17 us
+  // apart, 6 us with the tail). Not the down kernel: a claimed down item is combined through
+  // its tile counter (a fence and an atomic each), which made the epilogue the bottleneck.
+  const int gu_static =
+      kMode != kBulkGateUp
+          ? gu_total
+          : gu_total - static_cast<int>(static_cast<long long>(gu_total) *
+                                        dp.dynamic_tail_percent / 100);
   auto range = [&](int total, int b) {
     return static_cast<int>(static_cast<long long>(total) * b / gridDim.x);
   };
   const bool gu_round_robin = kFused && order == kGateUpRoundRobin;
-  const int gu_begin = range(gu_total, blockIdx.x);
+  const int gu_begin = range(gu_static, blockIdx.x);
   const int gu_count = gu_round_robin
                            ? (gu_total > static_cast<int>(blockIdx.x)
                                   ? (gu_total - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
                                   : 0)
-                           : range(gu_total, blockIdx.x + 1) - gu_begin;
+                           : range(gu_static, blockIdx.x + 1) - gu_begin;
   const int dn_begin = range(dn_total, blockIdx.x);
   const int dn_end = range(dn_total, blockIdx.x + 1);
-  const int seq_count = gu_count + (dn_end - dn_begin);
+  const int seq_count = gu_count + (dn_end - dn_begin);  // the items of the static ranges
 
-  if (warp == kBulkProducerWarp) {
-    // ---- producer: the whole warp walks the items (lanes fetch pair ids), lane 0 issues ----
+  if (producer_warp) {
+    // ---- producers: each warp walks all the items (lanes fetch pair ids) and fills the stages
+    // it owns; the copies are issued lane by lane ----
     // (warp-uniform calls: the lookups are shuffles)
     const bool small_tasks = num_tasks <= 32 && num_tasks <= dp.task_capacity;
     const bool small_pairs = dp.pair_capacity > 0 && dp.pair_capacity <= 32;
-    // the j-th item of this CTA's sequence
+    // The gate/up tail: item gu_static + c for the c-th claim of the work counter, -1 once the
+    // claims pass the launch's items (then no more claims). Both producers must walk the same
+    // items, so producer 0 claims and hands each claim to producer 1 through a ring of
+    // kClaimSlots slots (claim_full / claim_empty).
+    bool claims_left = gu_static < gu_total;
+    int claims = 0;  // claims so far (the same count in both producers)
+    auto claim = [&]() {
+      if (!claims_left) return -1;
+      const int slot = claims % kClaimSlots;
+      const uint32_t parity = (claims / kClaimSlots) & 1;
+      ++claims;
+      int c = 0;
+      if (producer_id == 0) {
+        mbar_wait(&claim_empty[slot], parity ^ 1);
+        if (lane == 0) {
+          c = atomicAdd(dp.work_counter, 1);
+          claim_ring[slot] = c;
+        }
+        c = __shfl_sync(0xffffffffu, c, 0);
+        mbar_arrive(&claim_full[slot]);
+      } else {
+        mbar_wait(&claim_full[slot], parity);
+        c = claim_ring[slot];
+        mbar_arrive(&claim_empty[slot]);  // every lane: each read the slot
+      }
+      const int item = gu_static + c;
+      if (item < gu_total) return item;
+      claims_left = false;
+      return -1;
+    };
+    // the j-th item of this CTA's sequence (its static items, then claims), or item -1: none
     auto fetch = [&](int j) {
       ProducerItem it;
       int task;
-      if (kHasGateUp && j < gu_count) {
+      if (j >= seq_count) {
+        it.down = false;  // (only the gate/up kernel claims)
+        it.item = claim();
+        it.tile = it.item < 0 ? 0 : it.item / num_tasks;  // (no tasks: no claims either)
+        task = it.item < 0 ? 0 : it.item - it.tile * num_tasks;
+      } else if (kHasGateUp && j < gu_count) {
         it.down = false;
         if (gu_round_robin) {
           it.item = blockIdx.x + j * gridDim.x;
@@ -353,7 +427,9 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         task = it.item - it.tile * num_tasks;
       }
       it.task_id = task;
-      if (small_tasks) {
+      if (it.item < 0) {
+        it.task = ExpertTask{0, 0, 0, 0};
+      } else if (small_tasks) {
         it.task.expert = __shfl_sync(0xffffffffu, lane_task.expert, task);
         it.task.begin = __shfl_sync(0xffffffffu, lane_task.begin, task);
         it.task.count = __shfl_sync(0xffffffffu, lane_task.count, task);
@@ -365,6 +441,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       return it;
     };
     auto fetch_pair = [&](ProducerItem& it) {
+      if (it.item < 0) return;
       if (small_pairs) {
         const int pair = __shfl_sync(0xffffffffu, lane_pair, (it.task.begin + lane) & 31);
         if (lane < it.task.count) it.pair = pair;
@@ -453,16 +530,11 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     // dependent L2 round trips of task then pair ids). The first three tasks are fetched
     // together, then the first two items' pair ids together: two round trips before the first
     // copy, not five.
-    auto clamp = [&](int j) { return min(j, seq_count - 1); };
-    ProducerItem cur{}, nxt{}, nxt2{};
-    if (seq_count > 0) {
-      cur = fetch(0);
-      nxt = fetch(clamp(1));
-      nxt2 = fetch(clamp(2));
-      fetch_pair(cur);
-      fetch_pair(nxt);
-    }
-    for (int j = 0; j < seq_count; ++j) {
+    // (a CTA claims its tail items three items ahead of issuing them)
+    ProducerItem cur = fetch(0), nxt = fetch(1), nxt2 = fetch(2);
+    fetch_pair(cur);
+    fetch_pair(nxt);
+    for (int j = 0; cur.item >= 0; ++j) {
       const bool down = is_down(cur.down);
       const int nchunks = down ? dn_nchunks : gu_nchunks;
       const int nkb = down ? dn_nkb : gu_nkb;
@@ -471,6 +543,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         if (lane == 0) trace_mark(trace, kTraceDownStart);
       }
       for (int c = 0; c < nchunks; ++c, ++n) {
+        if (!owns(n)) continue;
         const int s = n % kStages;
         if (!waited && n >= kStages) {
           // the ring is full of weights: wait for h, then complete the stages issued so far
@@ -478,7 +551,9 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
           waited = true;
           pdl_launch_dependents();  // the next layer's router GEMM may load its weights (header)
           if (lane == 0) trace_mark(trace, kTraceDownWaited);
-          for (int q = 0; q < kStages; ++q) issue_copies(q, stage_meta[q], false, true);
+          for (int q = 0; q < kStages; ++q) {
+            if (owns(q)) issue_copies(q, stage_meta[q], false, true);
+          }
         }
         mbar_wait(&empty[s], ((n / kStages) & 1) ^ 1);
         BulkItem& m = stage_meta[s];
@@ -514,19 +589,23 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       cur = nxt;
       nxt = nxt2;
       fetch_pair(nxt);  // its task was fetched an item ago
-      nxt2 = fetch(clamp(j + 3));
+      nxt2 = fetch(j + 3);
     }
     if (!waited) {
       pdl_wait();
       pdl_launch_dependents();
       if (lane == 0) trace_mark(trace, kTraceDownWaited);
-      for (int q = 0; q < n; ++q) issue_copies(q, stage_meta[q], false, true);
+      for (int q = 0; q < n; ++q) {
+        if (owns(q)) issue_copies(q, stage_meta[q], false, true);
+      }
     }
-    // no more work: an item record of -1 in the next stage
-    const int s = n % kStages;
-    mbar_wait(&empty[s], ((n / kStages) & 1) ^ 1);
-    if (lane == 0) stage_meta[s].item = -1;
-    mbar_arrive(&full[s]);
+    // no more work: an item record of -1 in the next stage (by the warp that owns it)
+    if (owns(n)) {
+      const int s = n % kStages;
+      mbar_wait(&empty[s], ((n / kStages) & 1) ^ 1);
+      if (lane == 0) stage_meta[s].item = -1;
+      mbar_arrive(&full[s]);
+    }
     return;
   }
 
@@ -668,8 +747,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         }
       }
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);  // release: this warp's reads of the stage are done
+    mbar_arrive(&empty[s]);  // release, every lane: its reads of the stage are done
     if (++c < nchunks) continue;
 
     // item end: hand the accumulators to the epilogue warp

@@ -93,6 +93,7 @@ struct GpuMoeLayer::Impl {
   int grid[kExpertsStreams][2][2] = {};  // [variant][gate/up, down][chunk 8, 16]
   int fused_grid[2] = {};                 // the Persistent variant's one launch [chunk 8, 16]
   std::optional<ExpertsStream> forced_stream;  // MOEKIT_EXPERTS_KERNEL at creation
+  int dynamic_tail_percent = 0;                // the bulk kernels' (MOEKIT_EXPERTS_TAIL)
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -312,6 +313,7 @@ struct GpuMoeLayer::Impl {
 
   void init_launch_config() {
     forced_stream = experts_stream_override();
+    dynamic_tail_percent = experts_dynamic_tail_percent();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -354,6 +356,7 @@ struct GpuMoeLayer::Impl {
 
   ExpertsParams experts_common() const {
     ExpertsParams p;
+    p.dynamic_tail_percent = dynamic_tail_percent;
     p.activation = spec.activation;
     p.limit = spec.swiglu_limit;
     p.alpha = spec.swiglu_alpha;
