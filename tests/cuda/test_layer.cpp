@@ -712,15 +712,16 @@ TEST(ExpertsVariant, DynamicTailParsesAPercentageAndNamesABadOne) {
 }
 
 TEST(ExpertsVariant, DefaultIsTheBulkKernelAtDecodeBatches) {
-  // the limits measured on the H200 (experts.cu): DeepSeek-V3's experts (H = 7168) up to 128
-  // tokens, Qwen3-30B-A3B's (H = 2048) up to 64; the register kernels above
+  // the limits measured on the H200 (experts.cu): the bulk kernel up to 256 tokens; above, the
+  // register kernels (activations early for large experts, H >= 4096)
   using cuda::ExpertsStream;
-  EXPECT_EQ(cuda::experts_stream_default(7168, 1), ExpertsStream::Bulk);
-  EXPECT_EQ(cuda::experts_stream_default(7168, 128), ExpertsStream::Bulk);
-  EXPECT_EQ(cuda::experts_stream_default(7168, 129), ExpertsStream::RegistersEarlyActs);
-  EXPECT_EQ(cuda::experts_stream_default(2048, 1), ExpertsStream::Bulk);
-  EXPECT_EQ(cuda::experts_stream_default(2048, 64), ExpertsStream::Bulk);
-  EXPECT_EQ(cuda::experts_stream_default(2048, 65), ExpertsStream::Registers);
+  for (int hidden : {2048, 2880, 7168}) {
+    EXPECT_EQ(cuda::experts_stream_default(hidden, 1), ExpertsStream::Bulk) << hidden;
+    EXPECT_EQ(cuda::experts_stream_default(hidden, 128), ExpertsStream::Bulk) << hidden;
+    EXPECT_EQ(cuda::experts_stream_default(hidden, 256), ExpertsStream::Bulk) << hidden;
+  }
+  EXPECT_EQ(cuda::experts_stream_default(7168, 257), ExpertsStream::RegistersEarlyActs);
+  EXPECT_EQ(cuda::experts_stream_default(2048, 257), ExpertsStream::Registers);
 }
 
 }  // namespace

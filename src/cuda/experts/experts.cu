@@ -142,15 +142,15 @@ int experts_dynamic_tail_percent() {
 }
 
 ExpertsStream experts_stream_default(int hidden, int tokens) {
-  // Measured on the H200 (bench/results/h200/2026-11-30-run5-bulk, ab.txt): the bulk-copy
-  // kernel is the fastest at decode batches (DeepSeek-V3 T=1 217 us against 276 for the
-  // register kernels in the same run, T=32 3525 against 4251; Qwen3-30B-A3B T=1 39.4 against
-  // 46.8) and up to 128 tokens with DeepSeek-V3's experts (H = 7168), 64 with Qwen3's
-  // (H = 2048). Above, the register kernels win (the bulk kernel's one epilogue warp combines
-  // T x 16 outputs per tile alone): regs-early for large experts (H >= 4096), regs below.
-  const bool large = hidden >= 4096;
-  if (tokens <= (large ? 128 : 64)) return ExpertsStream::Bulk;
-  return large ? ExpertsStream::RegistersEarlyActs : ExpertsStream::Registers;
+  // Measured on the H200, each variant forced at every batch in one run
+  // (bench/results/h200/2026-11-30-s6-producer-issue/run6, ab.txt): the bulk-copy kernel is the
+  // fastest up to 256 tokens for DeepSeek-V3 (T=256: 7484 us against 8054 regs-early, 8962
+  // regs) and Qwen3-30B-A3B (T=128: 438 against 588 regs; T=256: 736 against 957), and up to 128
+  // for gpt-oss-120b (1570 against 1691 regs-early, 2403 regs; at 256 regs-early is 6% faster,
+  // regs 34% slower). Above 256 tokens (chunk 16) the register kernels, as measured before
+  // (2026-11-30-run5-bulk): regs-early for large experts (H >= 4096), regs below.
+  if (tokens <= 256) return ExpertsStream::Bulk;
+  return hidden >= 4096 ? ExpertsStream::RegistersEarlyActs : ExpertsStream::Registers;
 }
 
 namespace {
