@@ -93,7 +93,7 @@ struct GpuMoeLayer::Impl {
   int grid[kExpertsStreams][2][2] = {};  // [variant][gate/up, down][chunk 8, 16]
   int fused_grid[2] = {};                 // the Persistent variant's one launch [chunk 8, 16]
   std::optional<ExpertsStream> forced_stream;  // MOEKIT_EXPERTS_KERNEL at creation
-  int dynamic_tail_percent = 0;                // the bulk kernels' (MOEKIT_EXPERTS_TAIL)
+  int dynamic_tail_percent = 0;                // the bulk gate/up kernel's (MOEKIT_EXPERTS_TAIL)
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
