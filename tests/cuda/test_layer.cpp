@@ -544,6 +544,34 @@ TEST(GpuLayerSmall, BulkDynamicTailAtEveryShare) {
   }
 }
 
+// The fused shared experts' gate/up items issued before the kernel waits for the dispatch, and
+// not: one and two shared experts (DeepSeek-V2-Lite, Qwen2-57B's gated shared MLP as two slots),
+// 8- and 16-token chunks (T=300). Each against the CPU reference, and bit for bit equal (the
+// items are the same, only their order and CTAs change).
+TEST(GpuLayerSmall, BulkSharedExpertsFirstOrAfterTheWait) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string model : {"deepseek-v3", "deepseek-v2-lite", "qwen2-57b-a14b"}) {
+    const MoeSpec spec = small_spec(model, 128, 16, 64);
+    ASSERT_GT(spec.shared_slots(), 0) << model;
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 13);
+    cuda::GpuLayerOptions opt;
+    opt.max_tokens = 300;
+    setenv("MOEKIT_EXPERTS_SHARED_FIRST", "0", 1);
+    const auto after = create_with_kernel(*w, opt, "bulk");
+    setenv("MOEKIT_EXPERTS_SHARED_FIRST", "300", 1);
+    const auto first = create_with_kernel(*w, opt, "bulk");
+    unsetenv("MOEKIT_EXPERTS_SHARED_FIRST");
+    for (int tokens : {1, 7, 20, 300}) {
+      const std::vector<Bf16> x = random_x(tokens, spec.hidden, 50 + tokens);
+      std::ostringstream what;
+      what << spec.name << " T=" << tokens << " S=" << spec.shared_slots();
+      const ForwardResult g = first->forward(x.data(), tokens, FuseShared::On);
+      expect_layer_matches_cpu(spec, *w, x.data(), tokens, g, FuseShared::On, what.str());
+      EXPECT_EQ(after->forward(x.data(), tokens, FuseShared::On).y, g.y) << what.str();
+    }
+  }
+}
+
 // ---- routing + dispatch alone, on constructed logits ----
 
 // Tie-free logits: a per-token permutation of evenly spaced values (0.05 apart).
@@ -709,6 +737,22 @@ TEST(ExpertsVariant, DynamicTailParsesAPercentageAndNamesABadOne) {
                         "' (expected a percentage, 0 to 100)"});
   }
   unsetenv("MOEKIT_EXPERTS_TAIL");
+}
+
+TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_SHARED_FIRST");
+  EXPECT_GE(cuda::experts_shared_first_tokens(), 1);  // on at one token by default
+  for (int tokens : {0, 8, 4096}) {
+    setenv("MOEKIT_EXPERTS_SHARED_FIRST", std::to_string(tokens).c_str(), 1);
+    EXPECT_EQ(cuda::experts_shared_first_tokens(), tokens);
+  }
+  for (const char* bad : {"-1", "yes", "8 tokens", "99999999999"}) {
+    setenv("MOEKIT_EXPERTS_SHARED_FIRST", bad, 1);
+    test::expect_error([] { cuda::experts_shared_first_tokens(); },
+                       {std::string("MOEKIT_EXPERTS_SHARED_FIRST='") + bad +
+                        "' (expected a token count, 0 (never) to 1048576)"});
+  }
+  unsetenv("MOEKIT_EXPERTS_SHARED_FIRST");
 }
 
 TEST(ExpertsVariant, DefaultIsTheBulkKernelAtDecodeBatches) {

@@ -125,20 +125,36 @@ std::optional<ExpertsStream> experts_stream_override() {
   MK_FAIL("MOEKIT_EXPERTS_KERNEL='" << s << "' (expected regs, regs-early, bulk or persistent)");
 }
 
+namespace {
+// The integer in environment variable `name`, checked to lie in [lo, hi] (`what` names the
+// expected value in the error), or `fallback` when it is unset or empty.
+int env_int_in_range(const char* name, int fallback, long lo, long hi, const char* what) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  const std::string s(v);
+  char* end = nullptr;
+  const long n = std::strtol(s.c_str(), &end, 10);
+  MK_CHECK(*end == '\0' && n >= lo && n <= hi, name << "='" << s << "' (expected " << what << ")");
+  return static_cast<int>(n);
+}
+}  // namespace
+
 int experts_dynamic_tail_percent() {
   // Measured on the H200 (bench/results/h200/2026-11-30-s6-producer-issue, run 3: the gate/up
   // kernel's last CTA ended 5 us sooner at T=1, 70 us at T=128 with 35% than with none; 20% and
   // 35% alike at T=1). The down kernel keeps static ranges: its claimed items, combined through
-  // the tile counters (a fence and an atomic each), made its epilogue the bottleneck.
-  constexpr int kDefault = 35;
-  const char* v = std::getenv("MOEKIT_EXPERTS_TAIL");
-  if (v == nullptr || v[0] == '\0') return kDefault;
-  const std::string s(v);
-  char* end = nullptr;
-  const long pct = std::strtol(s.c_str(), &end, 10);
-  MK_CHECK(*end == '\0' && pct >= 0 && pct <= 100,
-           "MOEKIT_EXPERTS_TAIL='" << s << "' (expected a percentage, 0 to 100)");
-  return static_cast<int>(pct);
+  // the tile counters (a fence and an atomic each), made its epilogue the bottleneck (and four
+  // at a time, one fence per four, still slower: 2026-11-30-s7-experiments).
+  return env_int_in_range("MOEKIT_EXPERTS_TAIL", 35, 0, 100, "a percentage, 0 to 100");
+}
+
+int experts_shared_first_tokens() {
+  // Measured on the H200, DeepSeek-V3 fused, same run (bench/results/h200/2026-11-30-s7-
+  // experiments): shared items first, T=1 205.5 -> 199.1 us, T=8 1197.5 -> 1182.7, T=32 3306.7
+  // -> 3315.0 (noise), T=128 5470.3 -> 5519.9 (+0.9%: the routed items then start ~200 us late
+  // and the tail balances them worse). On where it gains, through the 4-launch batches.
+  return env_int_in_range("MOEKIT_EXPERTS_SHARED_FIRST", 32, 0, 1 << 20,
+                          "a token count, 0 (never) to 1048576");
 }
 
 ExpertsStream experts_stream_default(int hidden, int tokens) {

@@ -38,6 +38,11 @@ struct ExpertsParams {
   // bulk gate/up kernel: the last dynamic_tail_percent % of the items are not in the CTAs'
   // static ranges but taken from work_counter by the CTAs that finish their ranges first
   int dynamic_tail_percent = 0;
+  // bulk gate/up with the shared experts fused: their number S (ids first_shared_expert..+S-1,
+  // slots top_k..top_k+S-1 of every token; tokens and slots below), whose items are issued
+  // before the kernel waits for the dispatch (they need nothing from it); 0: none early
+  int early_shared = 0;
+  int first_shared_expert = 0;
   // gate/up output h [pairs, inter] bf16 and activation
   __nv_bfloat16* h = nullptr;
   Activation activation = Activation::Silu;
@@ -78,6 +83,10 @@ int experts_chunk(int tokens);
 // MOEKIT_EXPERTS_TAIL=0..100 when set (read at each call; layers call once, at creation), else
 // the measured default.
 int experts_dynamic_tail_percent();
+// The most tokens at which the bulk gate/up kernel issues the fused shared experts' items before
+// its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
+// call; layers call once, at creation), else the measured default.
+int experts_shared_first_tokens();
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent when set (read at each call; layers call
 // once, at creation), else nullopt: the measured default applies.
 std::optional<ExpertsStream> experts_stream_override();

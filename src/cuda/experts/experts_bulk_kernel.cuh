@@ -304,19 +304,14 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if constexpr (kHasGateUp) {
+  // The gate/up kernel's producers alone wait for the dispatch (below), after issuing the fused
+  // shared experts' items when gu.early_shared, which need nothing from it; the consumers and the
+  // epilogue read no dispatch data. The fused kernel waits here.
+  if constexpr (kFused) {
     pdl_wait();  // the dispatch is the kernel just before
-    // gate/up: the down kernel may take SMs as our CTAs finish; fused: the next layer's router
-    // GEMM may load its weights (header)
-    pdl_launch_dependents();
+    pdl_launch_dependents();  // the next layer's router GEMM may load its weights (header)
     if (threadIdx.x == 0) trace_mark(trace, kTraceGateUpWaited);
   }
-  // The producer's copy of a small dispatch, loaded in the same round trip as the task count:
-  // lane l holds task l and pair l, and with <= 32 of them (decode: DeepSeek-V3 up to 3 tokens)
-  // the producer looks its items up by shuffles instead of two more dependent round trips (task,
-  // then pair ids) before its first copy.
-  ExpertTask lane_task{0, 0, 0, 0};
-  int lane_pair = 0;
   const bool producer_warp = warp >= kBulkProducerWarp && warp < kBulkEpilogueWarp;
   // each ring slot has ONE producer (slot % 2 == id), so a slot's fills stay in order and the
   // parity of its "empty" barrier cannot alias (alternating owners could run two phases ahead)
@@ -324,19 +319,130 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   auto owns = [&](int fill) {
     return (fill % BulkShape<kNT>::kStages) % kBulkProducerWarps == producer_id;
   };
-  if (producer_warp) {
-    if (lane < dp.task_capacity) lane_task = dp.tasks[lane];
-    if (lane < dp.pair_capacity) lane_pair = dp.pair_list[lane];
-  }
-  const int num_tasks = *dp.num_tasks;
-  // gate/up items: (task, tile of 8 rows of h); down items: (task, tile of 16 output rows)
-  const int gu_tiles = kHasGateUp ? gu.rows / kGateUpTileRows : 1;
-  const int gu_total = kHasGateUp ? num_tasks * gu_tiles : 0;
-  const int dn_total = kHasDown ? num_tasks * (dn.rows / kDownTileRows) : 0;
   const int gu_nkb = kHasGateUp ? gu.k / kBlockK : 0;
   const int dn_nkb = kHasDown ? dn.k / kBlockK : 0;
   const int gu_nchunks = (gu_nkb + kChunkBlocks - 1) / kChunkBlocks;
   const int dn_nchunks = (dn_nkb + kChunkBlocks - 1) / kChunkBlocks;
+  auto range = [&](int total, int b) {
+    return static_cast<int>(static_cast<long long>(total) * b / gridDim.x);
+  };
+  // The copies of stage s (record m): lane i < 16 copies weight row i, lane 16 + j the
+  // activation row of token j (kNT * 8 <= 16 tokens), so the address arithmetic runs on all
+  // lanes at once and only the copy instructions themselves take turns (the compiler issues a
+  // bulk copy once per active lane). Weights and/or activations (down: activations only after
+  // pdl_wait, fused: after the task's gate/up items).
+  const uint64_t weight_policy = l2_evict_first_policy();
+  auto issue_copies = [&](int s, const BulkItem& m, bool weights, bool acts) {
+    const bool down = is_down(m.down);
+    const int nkb = down ? dn_nkb : gu_nkb;
+    const int k = down ? dn.k : gu.k;
+    const int blocks = min(kChunkBlocks, nkb - m.chunk * kChunkBlocks);
+    const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
+    const int k0 = m.chunk * kChunkBlocks * kBlockK;
+    const __nv_bfloat16* src = nullptr;
+    if (lane < kBulkWeightRows) {
+      if (weights) {
+        src = (down ? tile_row<false>(dn, m.expert, m.tile * kDownTileRows, lane)
+                    : tile_row<true>(gu, m.expert, m.tile * kGateUpTileRows, lane)) +
+              k0;
+      }
+    } else if (acts && lane - kBulkWeightRows < m.count) {
+      const int pair = m.pairs[lane - kBulkWeightRows];
+      const __nv_bfloat16* x = down ? dn.x : gu.x;
+      const int div = down ? dn.x_row_div : gu.x_row_div;
+      src = x + static_cast<size_t>(pair / div) * k + k0;
+    }
+    void* dst = smem + s * L::kStageBytes + lane * L::kPitch;
+    if (src != nullptr) {
+      if (lane < kBulkWeightRows) {
+        bulk_copy_hinted(dst, src, row_bytes, &full[s], weight_policy);
+      } else {
+        bulk_copy(dst, src, row_bytes, &full[s]);
+      }
+    }
+  };
+  // Writes stage s's record for chunk c of item `it` and arms its "full" barrier with the bytes
+  // to come (every producer lane arrives: several wrote the record), before any copy.
+  auto arm_stage = [&](int s, const ProducerItem& it, int c, bool down, int nkb) -> BulkItem& {
+    BulkItem& m = stage_meta[s];
+    if (lane < 16) m.pairs[lane] = it.pair;
+    if (lane == 0) {
+      m.item = it.item;
+      m.expert = it.task.expert;
+      m.tile = it.tile;
+      m.count = it.task.count;
+      m.chunk = c;
+      m.down = down;
+      m.task = it.task_id;
+    }
+    if (lane == 0) {
+      const int blocks = min(kChunkBlocks, nkb - c * kChunkBlocks);
+      const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
+      mbar_arrive_expect_tx(&full[s], row_bytes * (kBulkWeightRows + it.task.count));
+    } else {
+      mbar_arrive(&full[s]);
+    }
+    __syncwarp();  // the record is complete and the byte count armed before any copy
+    return m;
+  };
+  // Gate/up with fused shared experts (gu.early_shared = S): every CTA's producers first issue
+  // its share of the shared experts' items (tile-major over S x ceil(T / chunk) token chunks),
+  // whose weights and x are ready and whose pairs follow from the token (t * slots + top_k + s),
+  // while the routing still runs; then wait for the dispatch and take the routed items (the
+  // dispatch's tasks without its last pre_tasks: the shared experts have the largest ids).
+  const int gu_tiles = kHasGateUp ? gu.rows / kGateUpTileRows : 1;
+  const int chunk_tokens = kNT * 8;
+  const int pre_chunks = kMode == kBulkGateUp ? (gu.tokens + chunk_tokens - 1) / chunk_tokens : 0;
+  const int pre_tasks = kMode == kBulkGateUp ? gu.early_shared * pre_chunks : 0;
+  int pre_fills = 0;  // stage fills of the shared items
+  if constexpr (kMode == kBulkGateUp) {
+    if (producer_warp) {
+      const int pre_total = pre_tasks * gu_tiles;
+      const int top_k = gu.slots - gu.early_shared;
+#pragma unroll 1
+      for (int item = range(pre_total, blockIdx.x); item < range(pre_total, blockIdx.x + 1);
+           ++item) {
+        ProducerItem it;
+        it.tile = item / pre_tasks;
+        const int pt = item - it.tile * pre_tasks;
+        const int shared = pt / pre_chunks, first = (pt - shared * pre_chunks) * chunk_tokens;
+        it.task = ExpertTask{gu.first_shared_expert + shared, 0,
+                             min(chunk_tokens, gu.tokens - first), 0};
+        it.task_id = 0;
+        it.item = item;
+        it.down = false;
+        it.pair = lane < it.task.count ? (first + lane) * gu.slots + top_k + shared : 0;
+        for (int c = 0; c < gu_nchunks; ++c, ++pre_fills) {
+          if (!owns(pre_fills)) continue;
+          const int s = pre_fills % kStages;
+          mbar_wait(&empty[s], ((pre_fills / kStages) & 1) ^ 1);
+          issue_copies(s, arm_stage(s, it, c, false, gu_nkb), true, true);
+        }
+      }
+      pdl_wait();  // the dispatch is the kernel just before
+      // the down kernel may take SMs as our CTAs finish
+      pdl_launch_dependents();
+      if (producer_id == 0 && lane == 0) trace_mark(trace, kTraceGateUpWaited);
+    }
+  }
+  // The producer's copy of a small dispatch, loaded in the same round trip as the task count:
+  // lane l holds task l and pair l, and with <= 32 of them (decode: DeepSeek-V3 up to 3 tokens)
+  // the producer looks its items up by shuffles instead of two more dependent round trips (task,
+  // then pair ids) before its first copy.
+  ExpertTask lane_task{0, 0, 0, 0};
+  int lane_pair = 0;
+  if (producer_warp) {
+    if (lane < dp.task_capacity) lane_task = dp.tasks[lane];
+    if (lane < dp.pair_capacity) lane_pair = dp.pair_list[lane];
+  }
+  // (the gate/up kernel's consumers and epilogue read no dispatch data and did not wait)
+  const int num_tasks = kMode == kBulkGateUp && !producer_warp ? 0 : *dp.num_tasks;
+  // gate/up items: (task, tile of 8 rows of h) of the routed tasks (without the shared ones
+  // issued above); down items: (task, tile of 16 output rows)
+  const int gu_tasks = kHasGateUp ? max(num_tasks - pre_tasks, 0) : 0;  // tasks 0..gu_tasks-1
+  const int gu_total = gu_tasks * gu_tiles;
+  const int gu_div = max(gu_tasks, 1);  // (a divisor: without tasks there are no items)
+  const int dn_total = kHasDown ? num_tasks * (dn.rows / kDownTileRows) : 0;
   // this CTA's items, gate/up then down: contiguous tile-major ranges (most of a down tile's
   // items are one CTA's, and it combines the tile without a counter round trip; sizes differ
   // by at most one), except the fused kernel's gate/up items dealt round-robin task-major.
@@ -350,9 +456,6 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
           ? gu_total
           : gu_total - static_cast<int>(static_cast<long long>(gu_total) *
                                         dp.dynamic_tail_percent / 100);
-  auto range = [&](int total, int b) {
-    return static_cast<int>(static_cast<long long>(total) * b / gridDim.x);
-  };
   const bool gu_round_robin = kFused && order == kGateUpRoundRobin;
   const int gu_begin = range(gu_static, blockIdx.x);
   const int gu_count = gu_round_robin
@@ -407,8 +510,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       if (j >= seq_count) {
         it.down = false;  // (only the gate/up kernel claims)
         it.item = claim();
-        it.tile = it.item < 0 ? 0 : it.item / num_tasks;  // (no tasks: no claims either)
-        task = it.item < 0 ? 0 : it.item - it.tile * num_tasks;
+        it.tile = it.item < 0 ? 0 : it.item / gu_div;
+        task = it.item < 0 ? 0 : it.item - it.tile * gu_div;
       } else if (kHasGateUp && j < gu_count) {
         it.down = false;
         if (gu_round_robin) {
@@ -417,8 +520,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
           it.tile = it.item - task * gu_tiles;
         } else {
           it.item = gu_begin + j;
-          it.tile = it.item / num_tasks;
-          task = it.item - it.tile * num_tasks;
+          it.tile = it.item / gu_div;
+          task = it.item - it.tile * gu_div;
         }
       } else {
         it.down = true;
@@ -447,41 +550,6 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         if (lane < it.task.count) it.pair = pair;
       } else if (lane < it.task.count) {
         it.pair = dp.pair_list[it.task.begin + lane];
-      }
-    };
-    // The copies of stage s (record m): lane i < 16 copies weight row i, lane 16 + j the
-    // activation row of token j (kNT * 8 <= 16 tokens), so the address arithmetic runs on all
-    // lanes at once and only the copy instructions themselves take turns (the compiler issues a
-    // bulk copy once per active lane). Weights and/or activations (down: activations only after
-    // pdl_wait, fused: after the task's gate/up items).
-    const uint64_t weight_policy = l2_evict_first_policy();
-    auto issue_copies = [&](int s, const BulkItem& m, bool weights, bool acts) {
-      const bool down = is_down(m.down);
-      const int nkb = down ? dn_nkb : gu_nkb;
-      const int k = down ? dn.k : gu.k;
-      const int blocks = min(kChunkBlocks, nkb - m.chunk * kChunkBlocks);
-      const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
-      const int k0 = m.chunk * kChunkBlocks * kBlockK;
-      const __nv_bfloat16* src = nullptr;
-      if (lane < kBulkWeightRows) {
-        if (weights) {
-          src = (down ? tile_row<false>(dn, m.expert, m.tile * kDownTileRows, lane)
-                      : tile_row<true>(gu, m.expert, m.tile * kGateUpTileRows, lane)) +
-                k0;
-        }
-      } else if (acts && lane - kBulkWeightRows < m.count) {
-        const int pair = m.pairs[lane - kBulkWeightRows];
-        const __nv_bfloat16* x = down ? dn.x : gu.x;
-        const int div = down ? dn.x_row_div : gu.x_row_div;
-        src = x + static_cast<size_t>(pair / div) * k + k0;
-      }
-      void* dst = smem + s * L::kStageBytes + lane * L::kPitch;
-      if (src != nullptr) {
-        if (lane < kBulkWeightRows) {
-          bulk_copy_hinted(dst, src, row_bytes, &full[s], weight_policy);
-        } else {
-          bulk_copy(dst, src, row_bytes, &full[s]);
-        }
       }
     };
     // Fused: wait until every gate/up item of `task` has counted itself in (any CTA's). The
@@ -524,7 +592,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     };
     bool waited = kHasGateUp;
     bool down_started = false;
-    int n = 0;  // stage fills so far
+    int n = pre_fills;  // stage fills so far
     // Two items of look-ahead: item i+1's pair ids and item i+2's task are in flight while item
     // i's stages are issued (a down item can be a single ~24 KB stage, shorter than the two
     // dependent L2 round trips of task then pair ids). The first three tasks are fetched
@@ -556,25 +624,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
           }
         }
         mbar_wait(&empty[s], ((n / kStages) & 1) ^ 1);
-        BulkItem& m = stage_meta[s];
-        if (lane < 16) m.pairs[lane] = cur.pair;
-        if (lane == 0) {
-          m.item = cur.item;
-          m.expert = cur.task.expert;
-          m.tile = cur.tile;
-          m.count = cur.task.count;
-          m.chunk = c;
-          m.down = down;
-          m.task = cur.task_id;
-        }
-        if (lane == 0) {
-          const int blocks = min(kChunkBlocks, nkb - c * kChunkBlocks);
-          const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
-          mbar_arrive_expect_tx(&full[s], row_bytes * (kBulkWeightRows + cur.task.count));
-        } else {
-          mbar_arrive(&full[s]);
-        }
-        __syncwarp();  // the record is complete and the byte count armed before any copy
+        BulkItem& m = arm_stage(s, cur, c, down, nkb);
         if (kFused && down && c == 0) {
           // the weights need nothing; h needs the task's gate/up items (every CTA's)
           issue_copies(s, m, true, false);

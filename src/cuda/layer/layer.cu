@@ -94,6 +94,7 @@ struct GpuMoeLayer::Impl {
   int fused_grid[2] = {};                 // the Persistent variant's one launch [chunk 8, 16]
   std::optional<ExpertsStream> forced_stream;  // MOEKIT_EXPERTS_KERNEL at creation
   int dynamic_tail_percent = 0;                // the bulk gate/up kernel's (MOEKIT_EXPERTS_TAIL)
+  int shared_first_tokens = 0;  // the bulk gate/up kernel's (MOEKIT_EXPERTS_SHARED_FIRST)
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -314,6 +315,7 @@ struct GpuMoeLayer::Impl {
   void init_launch_config() {
     forced_stream = experts_stream_override();
     dynamic_tail_percent = experts_dynamic_tail_percent();
+    shared_first_tokens = experts_shared_first_tokens();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -467,6 +469,12 @@ struct GpuMoeLayer::Impl {
     g.work_counter = &ctr->work[0];
     g.h = h.as<__nv_bfloat16>();
     g.trace = trace;
+    if (s_run > 0 && sk == ExpertsStream::Bulk && tokens <= shared_first_tokens) {
+      g.early_shared = s_run;
+      g.first_shared_expert = E;
+      g.tokens = tokens;
+      g.slots = slots;
+    }
 
     // 4. down + weighted combine (Persistent: one launch with gate/up)
     ExpertsParams d = experts_common();

@@ -322,7 +322,11 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   __threadfence();
   __syncthreads();
   if (gridDim.x == 1) {
-    align_detail::align_block(p, local_ids);
+    if (p.tokens * (p.cfg.top_k + p.cfg.shared_slots) <= 32) {
+      align_detail::align_small(p, local_ids);
+    } else {
+      align_detail::align_block(p, local_ids);
+    }
     if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingEnd);
     return;
   }
