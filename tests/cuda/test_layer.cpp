@@ -544,6 +544,29 @@ TEST(GpuLayerSmall, BulkDynamicTailAtEveryShare) {
   }
 }
 
+// The bulk down kernel's items of one partial k chunk, one full chunk (32 blocks of 64), and a
+// full chunk and one block (two stages per item). Small shapes, so that the sanitizer runs
+// (small shapes only) cover the multi-stage down items that the real shapes take.
+TEST(GpuLayerSmall, BulkDownItemsOfOneAndTwoStages) {
+  SKIP_WITHOUT_GPU();
+  for (int inter : {64, 2048, 2112}) {
+    const MoeSpec spec = small_spec("deepseek-v3", 128, 16, inter);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 15);
+    cuda::GpuLayerOptions opt;
+    opt.max_tokens = 20;
+    const auto gpu = create_with_kernel(*w, opt, "bulk");
+    for (int tokens : {1, 7, 20}) {
+      const std::vector<Bf16> x = random_x(tokens, spec.hidden, 70 + tokens);
+      for (FuseShared fuse : {FuseShared::Off, FuseShared::Auto}) {
+        std::ostringstream what;
+        what << spec.name << " I=" << inter << " T=" << tokens << " fuse=" << fuse_shared_name(fuse);
+        const ForwardResult g = gpu->forward(x.data(), tokens, fuse);
+        expect_layer_matches_cpu(spec, *w, x.data(), tokens, g, fuse, what.str());
+      }
+    }
+  }
+}
+
 // The fused shared experts' gate/up items issued before the kernel waits for the dispatch, and
 // not: one and two shared experts (DeepSeek-V2-Lite, Qwen2-57B's gated shared MLP as two slots),
 // 8- and 16-token chunks (T=300). Each against the CPU reference, and bit for bit equal (the

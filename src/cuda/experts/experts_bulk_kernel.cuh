@@ -333,21 +333,37 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   // pdl_wait, fused: after the task's gate/up items).
   const uint64_t weight_policy = l2_evict_first_policy();
   auto issue_copies = [&](int s, const BulkItem& m, bool weights, bool acts) {
-    const bool down = is_down(m.down);
+    // the record's words, each read by the lane that wrote it (arm_stage: lane 0 the fields,
+    // lane j < 16 pair j) and shuffled: racecheck does not take the __syncwarp between one
+    // lane's write and another's read as ordering (it reported these reads, session 7)
+    int rec[5] = {0, 0, 0, 0, 0};
+    if (lane == 0) {
+      rec[0] = m.expert;
+      rec[1] = m.tile;
+      rec[2] = m.count;
+      rec[3] = m.chunk;
+      rec[4] = m.down;
+    }
+#pragma unroll
+    for (int i = 0; i < 5; ++i) rec[i] = __shfl_sync(0xffffffffu, rec[i], 0);
+    const int expert = rec[0], tile = rec[1], count = rec[2], chunk = rec[3];
+    int own_pair = 0;
+    if (lane < 16) own_pair = m.pairs[lane];
+    const int pair = __shfl_sync(0xffffffffu, own_pair, lane & 15);  // lane 16 + j: pair j
+    const bool down = is_down(rec[4]);
     const int nkb = down ? dn_nkb : gu_nkb;
     const int k = down ? dn.k : gu.k;
-    const int blocks = min(kChunkBlocks, nkb - m.chunk * kChunkBlocks);
+    const int blocks = min(kChunkBlocks, nkb - chunk * kChunkBlocks);
     const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
-    const int k0 = m.chunk * kChunkBlocks * kBlockK;
+    const int k0 = chunk * kChunkBlocks * kBlockK;
     const __nv_bfloat16* src = nullptr;
     if (lane < kBulkWeightRows) {
       if (weights) {
-        src = (down ? tile_row<false>(dn, m.expert, m.tile * kDownTileRows, lane)
-                    : tile_row<true>(gu, m.expert, m.tile * kGateUpTileRows, lane)) +
+        src = (down ? tile_row<false>(dn, expert, tile * kDownTileRows, lane)
+                    : tile_row<true>(gu, expert, tile * kGateUpTileRows, lane)) +
               k0;
       }
-    } else if (acts && lane - kBulkWeightRows < m.count) {
-      const int pair = m.pairs[lane - kBulkWeightRows];
+    } else if (acts && lane - kBulkWeightRows < count) {
       const __nv_bfloat16* x = down ? dn.x : gu.x;
       const int div = down ? dn.x_row_div : gu.x_row_div;
       src = x + static_cast<size_t>(pair / div) * k + k0;

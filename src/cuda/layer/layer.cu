@@ -90,7 +90,9 @@ struct GpuMoeLayer::Impl {
   bool can_fuse = false;
   RoutingConfig cfg_fused, cfg_unfused;
   cudaStream_t stream = nullptr;
-  int grid[kExpertsStreams][2][2] = {};  // [variant][gate/up, down][chunk 8, 16]
+  // [variant][gate/up, down, the unfused shared MLP's down][chunk 8, 16] (the kernel, and so
+  // its resident grid, depends on the reduction length: I for down, Is for the shared down)
+  int grid[kExpertsStreams][3][2] = {};
   int fused_grid[2] = {};                 // the Persistent variant's one launch [chunk 8, 16]
   std::optional<ExpertsStream> forced_stream;  // MOEKIT_EXPERTS_KERNEL at creation
   int dynamic_tail_percent = 0;                // the bulk gate/up kernel's (MOEKIT_EXPERTS_TAIL)
@@ -322,6 +324,7 @@ struct GpuMoeLayer::Impl {
       for (int c = 0; c < 2; ++c) {
         grid[v][0][c] = experts_grid(ExpertsKind::GateUp, chunks[c], sk, H);
         grid[v][1][c] = experts_grid(ExpertsKind::Down, chunks[c], sk, I);
+        if (has_shared) grid[v][2][c] = experts_grid(ExpertsKind::Down, chunks[c], sk, Is);
       }
     }
     for (int c = 0; c < 2; ++c) fused_grid[c] = experts_fused_grid(chunks[c]);
@@ -447,7 +450,7 @@ struct GpuMoeLayer::Impl {
       d.pair_capacity = tokens;
       d.work_counter = &ctr->work[3];
       d.partial = shared_partial.as<float>();
-      launch_experts(ExpertsKind::Down, chunk, sk, d, grid[vi][1][ci], st);
+      launch_experts(ExpertsKind::Down, chunk, sk, d, grid[vi][2][ci], st);
     }
 
     // 3. routed (+ fused shared) gate/up
