@@ -66,6 +66,32 @@ __device__ __forceinline__ void block_exclusive_scan2(int a, int b, int& pa, int
   __syncthreads();
 }
 
+// The unfused shared MLP's tasks (token chunks, when it runs) and the combine's tile counters
+// zeroed, by threads tid, tid + nthreads, ... Returns the number of shared tasks.
+__device__ __forceinline__ int write_shared_tasks_zero_tiles(const RoutingParams& p, int tid,
+                                                             int nthreads) {
+  const int chunk = p.chunk;
+  const int shared_chunks = (p.tokens + chunk - 1) / chunk;
+  if (p.shared_tasks != nullptr) {
+#pragma unroll 1
+    for (int c = tid; c < shared_chunks; c += nthreads) {
+      p.shared_tasks[c] = ExpertTask{0, c * chunk, min(chunk, p.tokens - c * chunk), 0};
+    }
+  }
+#pragma unroll 1
+  for (int i = tid; i < p.num_tile_counters; i += nthreads) p.tile_counters[i] = 0;
+  return shared_chunks;
+}
+
+// The task counts for the expert kernels, and their work counters zeroed (one thread).
+__device__ __forceinline__ void publish_counts(const RoutingParams& p, int total_tasks,
+                                               int shared_chunks) {
+  p.counters->num_tasks = total_tasks;
+  p.counters->num_shared_tasks = p.shared_tasks != nullptr ? shared_chunks : 0;
+  p.counters->routing_done = 0;
+  for (int i = 0; i < 4; ++i) p.counters->work[i] = 0;
+}
+
 // local_ids: null, or the ids in this CTA's shared memory (a one-CTA routing grid), read
 // instead of p.ids.
 __device__ __forceinline__ void align_block(const RoutingParams& p, const int* local_ids) {
@@ -120,25 +146,12 @@ __device__ __forceinline__ void align_block(const RoutingParams& p, const int* l
     if (e >= 0 && e < rows) p.pair_list[atomicAdd(&cursor[e], 1)] = q;
   }
 
-  const int shared_chunks = (p.tokens + chunk - 1) / chunk;
-  if (p.shared_tasks != nullptr) {
-#pragma unroll 1
-    for (int c = tid; c < shared_chunks; c += nthreads) {
-      p.shared_tasks[c] = ExpertTask{0, c * chunk, min(chunk, p.tokens - c * chunk), 0};
-    }
-  }
-#pragma unroll 1
-  for (int i = tid; i < p.num_tile_counters; i += nthreads) p.tile_counters[i] = 0;
+  const int shared_chunks = write_shared_tasks_zero_tiles(p, tid, nthreads);
   if (p.task_done != nullptr) {
 #pragma unroll 1
     for (int i = tid; i < total_tasks; i += nthreads) p.task_done[i] = 0;
   }
-  if (tid == 0) {
-    p.counters->num_tasks = total_tasks;
-    p.counters->num_shared_tasks = p.shared_tasks != nullptr ? shared_chunks : 0;
-    p.counters->routing_done = 0;
-    for (int i = 0; i < 4; ++i) p.counters->work[i] = 0;
-  }
+  if (tid == 0) publish_counts(p, total_tasks, shared_chunks);
 }
 
 // The same lists for a one-CTA grid of at most 32 pairs (decode: DeepSeek-V3 up to 3 tokens,
@@ -155,15 +168,7 @@ __device__ __forceinline__ void align_small(const RoutingParams& p, const int* l
   const int slots = p.cfg.top_k + p.cfg.shared_slots;
   const int pairs = p.tokens * slots;
   const int chunk = p.chunk;
-  const int shared_chunks = (p.tokens + chunk - 1) / chunk;
-  if (p.shared_tasks != nullptr) {
-#pragma unroll 1
-    for (int c = tid; c < shared_chunks; c += nthreads) {
-      p.shared_tasks[c] = ExpertTask{0, c * chunk, min(chunk, p.tokens - c * chunk), 0};
-    }
-  }
-#pragma unroll 1
-  for (int i = tid; i < p.num_tile_counters; i += nthreads) p.tile_counters[i] = 0;
+  const int shared_chunks = write_shared_tasks_zero_tiles(p, tid, nthreads);
   if (tid >= 32) return;
 
   const int e = lane < pairs ? local_ids[lane] : -1;
@@ -193,12 +198,7 @@ __device__ __forceinline__ void align_small(const RoutingParams& p, const int* l
     p.tasks[tasks_before + c] = ExpertTask{e, pairs_before + c * chunk, min(chunk, n - c * chunk), 0};
   }
   if (p.task_done != nullptr && lane < total_tasks) p.task_done[lane] = 0;
-  if (lane == 0) {
-    p.counters->num_tasks = total_tasks;
-    p.counters->num_shared_tasks = p.shared_tasks != nullptr ? shared_chunks : 0;
-    p.counters->routing_done = 0;
-    for (int i = 0; i < 4; ++i) p.counters->work[i] = 0;
-  }
+  if (lane == 0) publish_counts(p, total_tasks, shared_chunks);
 }
 
 }  // namespace moekit::cuda::align_detail
