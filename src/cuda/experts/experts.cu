@@ -152,7 +152,7 @@ int experts_shared_first_tokens() {
   // Measured on the H200, DeepSeek-V3 fused, same run (bench/results/h200/2026-11-30-s7-
   // experiments): shared items first, T=1 205.5 -> 199.1 us, T=8 1197.5 -> 1182.7, T=32 3306.7
   // -> 3315.0 (noise), T=128 5470.3 -> 5519.9 (+0.9%: the routed items then start ~200 us late
-  // and the tail balances them worse). On where it gains, through the 4-launch batches.
+  // and the tail balances them worse). On up to 32 tokens, where it gains or is even.
   return env_int_in_range("MOEKIT_EXPERTS_SHARED_FIRST", 32, 0, 1 << 20,
                           "a token count, 0 (never) to 1048576");
 }

@@ -96,7 +96,7 @@ struct GpuMoeLayer::Impl {
   int fused_grid[2] = {};                 // the Persistent variant's one launch [chunk 8, 16]
   std::optional<ExpertsStream> forced_stream;  // MOEKIT_EXPERTS_KERNEL at creation
   int dynamic_tail_percent = 0;                // the bulk gate/up kernel's (MOEKIT_EXPERTS_TAIL)
-  int shared_first_tokens = 0;  // the bulk gate/up kernel's (MOEKIT_EXPERTS_SHARED_FIRST)
+  int shared_first_tokens = 0;                 // its MOEKIT_EXPERTS_SHARED_FIRST
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
