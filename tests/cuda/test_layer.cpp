@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <memory>
 #include <numeric>
@@ -744,38 +745,37 @@ TEST(ExpertsVariant, OverrideParsesItsValuesAndNamesABadOne) {
   unsetenv("MOEKIT_EXPERTS_KERNEL");
 }
 
+// Sets environment variable `name` to each of `good` and expects `parse` to return it, then to
+// each of `bad` and expects an error naming the variable, the value and `expected`; unsets it.
+void expect_env_int_knob(const char* name, int (*parse)(), std::initializer_list<int> good,
+                         std::initializer_list<const char*> bad, const std::string& expected) {
+  for (int v : good) {
+    setenv(name, std::to_string(v).c_str(), 1);
+    EXPECT_EQ(parse(), v) << name;
+  }
+  for (const char* v : bad) {
+    setenv(name, v, 1);
+    test::expect_error([&] { parse(); },
+                       {std::string(name) + "='" + v + "' (expected " + expected + ")"});
+  }
+  unsetenv(name);
+}
+
 TEST(ExpertsVariant, DynamicTailParsesAPercentageAndNamesABadOne) {
   unsetenv("MOEKIT_EXPERTS_TAIL");
   const int fallback = cuda::experts_dynamic_tail_percent();
   EXPECT_GE(fallback, 0);
   EXPECT_LE(fallback, 100);
-  for (int pct : {0, 15, 100}) {
-    setenv("MOEKIT_EXPERTS_TAIL", std::to_string(pct).c_str(), 1);
-    EXPECT_EQ(cuda::experts_dynamic_tail_percent(), pct);
-  }
-  for (const char* bad : {"101", "-1", "15%", "x"}) {
-    setenv("MOEKIT_EXPERTS_TAIL", bad, 1);
-    test::expect_error([] { cuda::experts_dynamic_tail_percent(); },
-                       {std::string("MOEKIT_EXPERTS_TAIL='") + bad +
-                        "' (expected a percentage, 0 to 100)"});
-  }
-  unsetenv("MOEKIT_EXPERTS_TAIL");
+  expect_env_int_knob("MOEKIT_EXPERTS_TAIL", cuda::experts_dynamic_tail_percent, {0, 15, 100},
+                      {"101", "-1", "15%", "x"}, "a percentage, 0 to 100");
 }
 
 TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {
   unsetenv("MOEKIT_EXPERTS_SHARED_FIRST");
   EXPECT_GE(cuda::experts_shared_first_tokens(), 1);  // on at one token by default
-  for (int tokens : {0, 8, 4096}) {
-    setenv("MOEKIT_EXPERTS_SHARED_FIRST", std::to_string(tokens).c_str(), 1);
-    EXPECT_EQ(cuda::experts_shared_first_tokens(), tokens);
-  }
-  for (const char* bad : {"-1", "yes", "8 tokens", "99999999999"}) {
-    setenv("MOEKIT_EXPERTS_SHARED_FIRST", bad, 1);
-    test::expect_error([] { cuda::experts_shared_first_tokens(); },
-                       {std::string("MOEKIT_EXPERTS_SHARED_FIRST='") + bad +
-                        "' (expected a token count, 0 (never) to 1048576)"});
-  }
-  unsetenv("MOEKIT_EXPERTS_SHARED_FIRST");
+  expect_env_int_knob("MOEKIT_EXPERTS_SHARED_FIRST", cuda::experts_shared_first_tokens,
+                      {0, 8, 4096}, {"-1", "yes", "8 tokens", "99999999999"},
+                      "a token count, 0 (never) to 1048576");
 }
 
 TEST(ExpertsVariant, DefaultIsTheBulkKernelAtDecodeBatches) {

@@ -68,7 +68,7 @@ enum class ExpertsStream {
                        // activations loaded right before their mma, dynamic work items
   RegistersEarlyActs,  // the same kernel, activations loaded with the weights (fewer weights
                        // in flight; faster than Registers with large experts)
-  Bulk,                // experts_bulk_kernel.cuh: a producer warp streams weights and
+  Bulk,                // experts_bulk_kernel.cuh: producer warps stream weights and
                        // activations by bulk copies (TMA) into a shared-memory ring, 8 warps
                        // compute, an epilogue warp writes the outputs and combines
   Persistent,          // the same warps, gate/up and down in ONE persistent grid
