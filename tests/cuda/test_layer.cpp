@@ -357,6 +357,9 @@ TEST(GpuLayer, TraceRecordsTheKernelTimelineInOrder) {
       EXPECT_NE(first(ev), ~0ull) << "event " << ev << " not recorded";
       EXPECT_LE(first(ev), last(ev)) << "event " << ev;
     }
+    EXPECT_LE(first(cuda::kTraceRouterWaited), first(cuda::kTraceRouterSummed));
+    EXPECT_LE(first(cuda::kTraceRouterSummed), first(cuda::kTraceRouterEnd));
+    EXPECT_LE(last(cuda::kTraceRouterEnd), first(cuda::kTraceRoutingWaited));
     EXPECT_LE(last(cuda::kTraceRoutingStart), first(cuda::kTraceRoutingWaited));
     EXPECT_LE(first(cuda::kTraceRoutingWaited), first(cuda::kTraceRoutingKeyed));
     EXPECT_LE(first(cuda::kTraceRoutingKeyed), first(cuda::kTraceRoutingGrouped));

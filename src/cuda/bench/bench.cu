@@ -176,6 +176,9 @@ void print_trace(std::vector<std::unique_ptr<GpuMoeLayer>>& sets, const __nv_bfl
                  at(start, false).c_str(), at(start, true).c_str(), at(waited, false).c_str(),
                  at(waited, true).c_str(), at(end, false).c_str(), at(end, true).c_str());
   };
+  row("router", kTraceRouterStart, kTraceRouterWaited, kTraceRouterEnd);
+  std::fprintf(stderr, "           summed %s / %s (a CTA's products, x read after the wait)\n",
+               at(kTraceRouterSummed, false).c_str(), at(kTraceRouterSummed, true).c_str());
   row("routing", kTraceRoutingStart, kTraceRoutingWaited, kTraceRoutingEnd);
   std::fprintf(stderr,
                "           keyed %s, grouped %s, picked %s (token 0: keys, groups kept, top-k)\n",

@@ -394,6 +394,7 @@ struct GpuMoeLayer::Impl {
     rg.weight = router_w.ptr;
     rg.bias = spec.has_router_bias ? router_bias.as<float>() : nullptr;
     rg.out = logits.as<float>();
+    rg.trace = trace;
     router_gemm(rg, st);
 
     // 2. routing + dispatch

@@ -1,6 +1,6 @@
 // Kernel timeline of a forward (`moekit bench --device cuda --trace`): with a trace buffer set
 // (GpuMoeLayer::set_trace), the routing kernel and the bulk expert kernels record, for each event
-// below, the earliest and the latest %globaltimer over their CTAs: when the first and the last
+// below, the earliest and the latest %globaltimer over their CTAs (the router GEMM's too): when the first and the last
 // CTA started, came out of griddepcontrol.wait, and finished. This is what ncu cannot show: ncu
 // serialises the kernels, so it sees neither the PDL overlaps nor the gaps between launches.
 // Cost when unset: one predictable branch per CTA and event.
@@ -13,6 +13,10 @@
 namespace moekit::cuda {
 
 enum TraceEvent : int {
+  kTraceRouterStart,   // the router GEMM (dot and split-K kernels; not cuBLAS)
+  kTraceRouterWaited,  // its griddepcontrol.wait returned (CTA thread 0)
+  kTraceRouterSummed,  // CTA thread 0's products summed (x loaded from L2 after the wait)
+  kTraceRouterEnd,     // a CTA's output stored (or its cluster partial published)
   kTraceRoutingStart,
   kTraceRoutingWaited,
   kTraceRoutingKeyed,   // token 0's scores and selection keys computed (logits read)

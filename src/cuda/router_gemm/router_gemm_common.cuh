@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda/layer/trace.cuh"
+
 namespace moekit::cuda::router_gemm_detail {
 
 // One router GEMM call, as the kernels see it. Shapes and layouts: router_gemm.h.
@@ -19,6 +21,7 @@ struct RouterGemmArgs {
   int n;
   int k;
   int split = 1;  // dot kernel: CTAs (one cluster along x) sharing one output tile's K range
+  unsigned long long* trace = nullptr;  // kernel timeline (cuda/layer/trace.cuh) or null
 };
 
 // PDL: wait until the previous kernel in the stream has finished and its writes are visible.

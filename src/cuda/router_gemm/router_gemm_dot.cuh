@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
   // why min/max: with K / 8 < split * chunk the last CTAs get an empty range (they add zeros)
   const int nvec = max(v_begin, min(nvec_all, v_begin + chunk));
   const WT* w = static_cast<const WT*>(a.w);
+  if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterStart);
 
   float acc[kTileN][kTileM];
 #pragma unroll
@@ -100,6 +101,7 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
     if (!waited) {
       griddep_wait_then_trigger();
       waited = true;
+      if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterWaited);
     }
     // load activations (shared by all CTAs: cached)
     uint4 xv[kUnroll][kTileM];
@@ -125,7 +127,11 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
           for (int c = 0; c < kTileN; ++c) acc[c][t] = fmaf(xf, wv[u][c].at(i), acc[c][t]);
         }
   }
-  if (!waited) griddep_wait_then_trigger();
+  if (!waited) {
+    griddep_wait_then_trigger();
+    if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterWaited);
+  }
+  if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterSummed);
 
   // reduce within each warp
 #pragma unroll
@@ -166,6 +172,7 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
       cta_sum[threadIdx.x] = s;
     }
   }
+  if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterEnd);
   if (split == 1) return;  // uniform over the grid: every CTA of a cluster takes the same path
 
   namespace cg = cooperative_groups;

@@ -12,8 +12,10 @@
 namespace moekit::cuda::router_gemm_detail {
 
 inline RouterGemmArgs make_args(const RouterGemmProblem& p) {
-  return RouterGemmArgs{static_cast<const __nv_bfloat16*>(p.x), p.weight, p.bias, p.out,
-                        p.m, p.n, p.k};
+  RouterGemmArgs a{static_cast<const __nv_bfloat16*>(p.x), p.weight, p.bias, p.out,
+                   p.m, p.n, p.k};
+  a.trace = p.trace;
+  return a;
 }
 
 // Whether kernels launch with programmatic stream serialisation (PDL). On unless

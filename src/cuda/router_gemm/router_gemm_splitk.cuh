@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(256) router_gemm_splitk_kernel(RouterGemmArgs 
   const int g = lane / 4;
   const int t = lane % 4;
   const int split = gridDim.x;
+  if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterStart);
   const int rank = blockIdx.x;  // == rank in the cluster: cluster dims are (gridDim.x, 1, 1)
   const int n0 = blockIdx.y * kTileN;
   const int m0 = blockIdx.z * kTileM;
@@ -114,6 +115,7 @@ __global__ void __launch_bounds__(256) router_gemm_splitk_kernel(RouterGemmArgs 
     if (!waited) {
       griddep_wait_then_trigger();
       waited = true;
+      if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterWaited);
     }
     // load activation fragments
     uint4 xb[kUnroll][kColTiles];
@@ -138,7 +140,11 @@ __global__ void __launch_bounds__(256) router_gemm_splitk_kernel(RouterGemmArgs 
                               word(wa[u][i][0], 2 * hk + 1), word(wa[u][i][1], 2 * hk + 1),
                               word(xb[u][j], 2 * hk), word(xb[u][j], 2 * hk + 1));
   }
-  if (!waited) griddep_wait_then_trigger();
+  if (!waited) {
+    griddep_wait_then_trigger();
+    if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterWaited);
+  }
+  if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterSummed);
 
   // warps' fragments -> shared memory: D[g (+8)][2t, 2t+1] = (expert, token)
   __shared__ float partial[kMaxWarps][kTileM][kLd];
@@ -173,6 +179,7 @@ __global__ void __launch_bounds__(256) router_gemm_splitk_kernel(RouterGemmArgs 
       tile[e] = s;
     }
   }
+  if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterEnd);
   if (split == 1) return;
 
   // sum over the cluster's CTAs in rank order through distributed shared memory
