@@ -377,8 +377,11 @@ TEST(GpuLayer, TraceRecordsTheKernelTimelineInOrder) {
       EXPECT_LE(last(cuda::kTraceGateUpEnd), last(cuda::kTraceDownEnd));
     } else {
       EXPECT_LE(last(cuda::kTraceGateUpEnd), first(cuda::kTraceDownWaited));
+      // every CTA's consumers see its producer's end-of-work record after the producer's wait
+      EXPECT_LE(first(cuda::kTraceDownWaited), first(cuda::kTraceDownConsumed));
     }
     EXPECT_LE(last(cuda::kTraceDownWaited), last(cuda::kTraceDownEnd));
+    EXPECT_LE(last(cuda::kTraceDownConsumed), last(cuda::kTraceDownEnd));
     gpu->forward(x.data(), 4, FuseShared::On);  // unset: the words stay as they were
     std::vector<unsigned long long> after(cuda::kTraceWords);
     ASSERT_EQ(cudaMemcpy(after.data(), words, cuda::kTraceWords * 8, cudaMemcpyDeviceToHost),

@@ -190,6 +190,8 @@ void print_trace(std::vector<std::unique_ptr<GpuMoeLayer>>& sets, const __nv_bfl
   row("down", kTraceDownStart, kTraceDownWaited, kTraceDownEnd);
   std::fprintf(stderr, "           issued %s / %s (first stage's weight copies, before the wait)\n",
                at(kTraceDownIssued, false).c_str(), at(kTraceDownIssued, true).c_str());
+  std::fprintf(stderr, "           consumed %s / %s (the consumers' last item; then the epilogue's tail)\n",
+               at(kTraceDownConsumed, false).c_str(), at(kTraceDownConsumed, true).c_str());
 }
 
 }  // namespace

@@ -142,6 +142,23 @@ __device__ __forceinline__ void bulk_copy_hinted(void* dst, const void* src, uin
       : "memory");
 }
 
+// The epilogue warp's combine of a down tile (combine_tile): at 1-4 tokens (16-64 outputs) all
+// slots (up to 16) of 1-2 outputs per lane in one batch of loads, one L2 round trip per tile
+// instead of 3 (9 slots, 4 at a time); at 5-8 tokens 4 outputs x 8 slots; above, 8 x 4. (More
+// loads in flight spill: the kernel's 168 registers.)
+__device__ __forceinline__ void bulk_combine_tile(const ExpertsParams& dn, int tile, int lane) {
+  const int outputs = dn.tokens * 16;
+  if (outputs <= 32) {
+    combine_tile<1, 16>(dn, tile, lane, 32);
+  } else if (outputs <= 64) {
+    combine_tile<2, 16>(dn, tile, lane, 32);
+  } else if (outputs <= 128) {
+    combine_tile<4, 8>(dn, tile, lane, 32);
+  } else {
+    combine_tile<8, 4>(dn, tile, lane, 32);
+  }
+}
+
 // What a stage (and, for the epilogue, a reduction buffer) holds besides its bytes.
 struct BulkItem {
   int item;  // work item, or -1: no more work
@@ -732,7 +749,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
             if (lane == 0) dn.tile_counters[tile] = 0;
           }
         }
-        if (combine) combine_tile<8, 4>(dn, tile, lane, 32);
+        if (combine) bulk_combine_tile(dn, tile, lane);
       }
     }
     if (lane == 0) {
@@ -766,6 +783,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       }
       item = __shfl_sync(0xffffffffu, item, 0);
       if (item < 0) {
+        if (kHasDown && warp == 0 && lane == 0) trace_mark(trace, kTraceDownConsumed);
         // tell the epilogue warp: a record of -1 in the next reduction buffer (every warp waits
         // for the buffer, so no arrival can count towards the buffer's previous use)
         mbar_wait(&red_empty[buf], empty_parity);

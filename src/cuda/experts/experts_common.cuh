@@ -112,10 +112,12 @@ __device__ __forceinline__ void store_item_outputs(const ExpertsParams& p, int e
 // threadfence): y[t] = sum_s w[t,s] * partial[t,s] in slot order (+ the unfused shared MLP's
 // partial), bf16 out; threads [0, nthreads) of the caller split the (token, row) outputs. The
 // order of the sums is fixed, so the result is deterministic: no float atomics.
-// kPerThread outputs per thread per pass and kSlotUnroll slots unrolled: kPerThread * kSlotUnroll
-// partial loads in flight per thread. A whole CTA combining (the register kernel: 256 threads,
-// 128 registers) takes 1 x 1; one warp combining alone (the bulk kernel's epilogue) takes 8 x 4.
-template <int kPerThread, int kSlotUnroll>
+// kPerThread outputs per thread per pass; the slots' weights and partials are loaded kSlotBatch
+// slots at a time, all of a batch before its sums, so a pass costs ceil(slots / kSlotBatch)
+// dependent L2 round trips (~1-3 us each while HBM streams: the trace). A whole CTA combining
+// (the register kernel: 256 threads, 128 registers) takes 1 x 1; one warp combining alone (the
+// bulk kernel's epilogue) takes what bulk_combine_tile picks for the batch.
+template <int kPerThread, int kSlotBatch>
 __device__ __forceinline__ void combine_tile(const ExpertsParams& p, int tile, int tid,
                                              int nthreads) {
   constexpr int kTileRows = 16;
@@ -131,12 +133,25 @@ __device__ __forceinline__ void combine_tile(const ExpertsParams& p, int tile, i
       r[u] = r0 + (i - tok[u] * kTileRows);
       y[u] = 0.0f;
     }
-#pragma unroll kSlotUnroll
-    for (int s = 0; s < p.slots; ++s) {
+#pragma unroll 1
+    for (int s0 = 0; s0 < p.slots; s0 += kSlotBatch) {
+      float w[kSlotBatch][kPerThread], v[kSlotBatch][kPerThread];
 #pragma unroll
-      for (int u = 0; u < kPerThread; ++u) {
-        const size_t q = static_cast<size_t>(tok[u]) * p.slots + s;
-        y[u] += p.slot_weights[q] * __ldcg(p.partial + q * p.rows + r[u]);
+      for (int j = 0; j < kSlotBatch; ++j) {
+#pragma unroll
+        for (int u = 0; u < kPerThread; ++u) {
+          const size_t q = static_cast<size_t>(tok[u]) * p.slots + s0 + j;
+          const bool in = s0 + j < p.slots;
+          w[j][u] = in ? p.slot_weights[q] : 0.0f;
+          v[j][u] = in ? __ldcg(p.partial + q * p.rows + r[u]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kSlotBatch; ++j) {
+#pragma unroll
+        for (int u = 0; u < kPerThread; ++u) {
+          if (s0 + j < p.slots) y[u] += w[j][u] * v[j][u];
+        }
       }
     }
 #pragma unroll

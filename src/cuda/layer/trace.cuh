@@ -31,7 +31,8 @@ enum TraceEvent : int {
   kTraceDownStart,
   kTraceDownIssued,  // the producer issued its first stage's weight copies (before its wait)
   kTraceDownWaited,
-  kTraceDownEnd,
+  kTraceDownConsumed,  // the consumers handed their last item to the epilogue
+  kTraceDownEnd,       // the epilogue warp wrote (and combined) its last output
   kTraceEvents
 };
 constexpr int kTraceWords = 2 * kTraceEvents;
