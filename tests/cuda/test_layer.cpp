@@ -730,6 +730,32 @@ TEST(GpuLayerRealShape, DeepSeekV3MatchesCpuReference) {
   }
 }
 
+// Qwen3-30B-A3B at its real shape: its 128 output tiles of the down GEMM fit the H200's 132 SMs,
+// so at <= 4 tokens the bulk down kernel runs one CTA per whole tile (experts_down_grid), a path
+// the scaled-down shapes never take; against the CPU reference and bit for bit equal to the
+// resident grid (MOEKIT_EXPERTS_WHOLE_TILES=0), whose tiles straddle CTAs.
+TEST(GpuLayerRealShape, Qwen3WholeTileDownMatchesCpuReference) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = load_spec("qwen3-30b-a3b");
+  const int layer = spec.moe_layers.front();
+  const auto w = make_random_weights(spec, layer, 23);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 8;
+  setenv("MOEKIT_EXPERTS_WHOLE_TILES", "0", 1);
+  const auto straddling = create_with_kernel(*w, opt, "bulk");
+  setenv("MOEKIT_EXPERTS_WHOLE_TILES", "8", 1);
+  const auto whole = create_with_kernel(*w, opt, "bulk");
+  unsetenv("MOEKIT_EXPERTS_WHOLE_TILES");
+  for (int tokens : {1, 2, 4, 7}) {
+    const std::vector<Bf16> x = random_x(tokens, spec.hidden, 40 + tokens);
+    std::ostringstream what;
+    what << "qwen3-30b-a3b T=" << tokens;
+    const ForwardResult g = whole->forward(x.data(), tokens, FuseShared::Off);
+    expect_layer_matches_cpu(spec, *w, x.data(), tokens, g, FuseShared::Off, what.str());
+    EXPECT_EQ(straddling->forward(x.data(), tokens, FuseShared::Off).y, g.y) << what.str();
+  }
+}
+
 // ---- the expert-kernel variant choice (host code: runs without a GPU) ----
 
 TEST(ExpertsVariant, OverrideParsesItsValuesAndNamesABadOne) {
@@ -782,6 +808,27 @@ TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {
   expect_env_int_knob("MOEKIT_EXPERTS_SHARED_FIRST", cuda::experts_shared_first_tokens,
                       {0, 8, 4096}, {"-1", "yes", "8 tokens", "99999999999"},
                       "a token count, 0 (never) to 1048576");
+}
+
+TEST(ExpertsVariant, WholeTilesParsesATokenCountAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_WHOLE_TILES");
+  EXPECT_GE(cuda::experts_whole_tile_tokens(), 1);  // on at one token by default
+  expect_env_int_knob("MOEKIT_EXPERTS_WHOLE_TILES", cuda::experts_whole_tile_tokens,
+                      {0, 4, 64}, {"-1", "all", "4 tokens"}, "a token count, 0 (never) to 1048576");
+}
+
+TEST(ExpertsVariant, DownGridTakesWholeTilesOnlyWithFewIdleSMs) {
+  // Qwen3-30B-A3B's 2048 rows = 128 tiles on the H200's 132 resident CTAs: whole tiles
+  EXPECT_EQ(cuda::experts_down_grid(132, 2048, 1, 4), 128);
+  EXPECT_EQ(cuda::experts_down_grid(132, 2048, 4, 4), 128);
+  EXPECT_EQ(cuda::experts_down_grid(132, 2048, 5, 4), 132);  // more tokens than the limit
+  EXPECT_EQ(cuda::experts_down_grid(132, 2048, 1, 0), 132);  // turned off
+  EXPECT_EQ(cuda::experts_down_grid(114, 2048, 1, 4), 114);  // more tiles than CTAs
+  EXPECT_EQ(cuda::experts_down_grid(132, 7168, 1, 4), 132);  // DeepSeek-V3: 448 tiles
+  EXPECT_EQ(cuda::experts_down_grid(132, 1024, 1, 4), 132);  // half the SMs would idle
+  // at most 1/16 of the resident CTAs idle: 124 tiles (8 idle) yes, 123 (9 idle) no
+  EXPECT_EQ(cuda::experts_down_grid(132, 124 * 16, 1, 4), 124);
+  EXPECT_EQ(cuda::experts_down_grid(132, 123 * 16, 1, 4), 132);
 }
 
 TEST(ExpertsVariant, DefaultIsTheBulkKernelAtDecodeBatches) {

@@ -157,6 +157,22 @@ int experts_shared_first_tokens() {
                           "a token count, 0 (never) to 1048576");
 }
 
+int experts_whole_tile_tokens() {
+  // Measured on the H200 (bench/results/h200/2026-11-30-s8-experiments, run 4): Qwen3-30B-A3B
+  // (128 tiles on 132 SMs) T=1 35.3 -> 33.3 us, T=2 54.0 -> 52.3, T=4 88.1 -> 87.6, T=8 equal,
+  // T=32 +0.8%, T=128 +1% (4 idle SMs then cost more than the counters). DeepSeek-V3's 448 tiles
+  // on 112 CTAs were 3-4% slower at every batch: hence also the bound on idle SMs.
+  return env_int_in_range("MOEKIT_EXPERTS_WHOLE_TILES", 4, 0, 1 << 20,
+                          "a token count, 0 (never) to 1048576");
+}
+
+int experts_down_grid(int resident, int rows, int tokens, int whole_tile_tokens) {
+  const int tiles = rows / 16;
+  const bool whole = tokens <= whole_tile_tokens && tiles <= resident &&
+                     (resident - tiles) * 16 <= resident;
+  return whole ? tiles : resident;
+}
+
 ExpertsStream experts_stream_default(int hidden, int tokens) {
   // Measured on the H200, each variant forced at every batch in one run
   // (bench/results/h200/2026-11-30-s6-producer-issue/run6, ab.txt): the bulk-copy kernel is the

@@ -87,6 +87,16 @@ int experts_dynamic_tail_percent();
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.
 int experts_shared_first_tokens();
+// The most tokens at which the bulk down kernel may run one CTA per 16-row output tile
+// (experts_down_grid): MOEKIT_EXPERTS_WHOLE_TILES=0.. when set (0: never; read at each call;
+// layers call once, at creation), else the measured default.
+int experts_whole_tile_tokens();
+// The bulk down kernel's grid for `rows` output rows at `tokens` tokens: the `resident` grid, or
+// one CTA per 16-row tile (rows / 16 CTAs) when tokens <= whole_tile_tokens and that leaves at
+// most 1/16 of the resident CTAs idle. why: a CTA's contiguous range then holds whole tiles, so
+// it combines them itself and no tile waits on the counter's fence and atomic (two dependent L2
+// round trips at the CTA's end, when the batch is too small to hide them).
+int experts_down_grid(int resident, int rows, int tokens, int whole_tile_tokens);
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent when set (read at each call; layers call
 // once, at creation), else nullopt: the measured default applies.
 std::optional<ExpertsStream> experts_stream_override();

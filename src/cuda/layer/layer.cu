@@ -97,6 +97,7 @@ struct GpuMoeLayer::Impl {
   std::optional<ExpertsStream> forced_stream;  // MOEKIT_EXPERTS_KERNEL at creation
   int dynamic_tail_percent = 0;                // the bulk gate/up kernel's (MOEKIT_EXPERTS_TAIL)
   int shared_first_tokens = 0;                 // its MOEKIT_EXPERTS_SHARED_FIRST
+  int whole_tile_tokens = 0;                   // the bulk down's MOEKIT_EXPERTS_WHOLE_TILES
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -318,6 +319,7 @@ struct GpuMoeLayer::Impl {
     forced_stream = experts_stream_override();
     dynamic_tail_percent = experts_dynamic_tail_percent();
     shared_first_tokens = experts_shared_first_tokens();
+    whole_tile_tokens = experts_whole_tile_tokens();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -510,7 +512,10 @@ struct GpuMoeLayer::Impl {
       launch_experts_fused(chunk, g, d, task_done.as<int>(), fused_grid[ci], st);
     } else {
       launch_experts(ExpertsKind::GateUp, chunk, sk, g, grid[vi][0][ci], st);
-      launch_experts(ExpertsKind::Down, chunk, sk, d, grid[vi][1][ci], st);
+      const int down_grid = sk == ExpertsStream::Bulk
+                                ? experts_down_grid(grid[vi][1][ci], H, tokens, whole_tile_tokens)
+                                : grid[vi][1][ci];
+      launch_experts(ExpertsKind::Down, chunk, sk, d, down_grid, st);
     }
   }
 };
