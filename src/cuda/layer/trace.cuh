@@ -2,8 +2,8 @@
 // (GpuMoeLayer::set_trace), the router GEMM's dot and split-K kernels, the routing kernel and the
 // bulk expert kernels record, for each event below, the earliest and the latest %globaltimer over
 // their CTAs: when the first and the last CTA started, came out of griddepcontrol.wait, and
-// finished. This is what ncu cannot show: ncu
-// serialises the kernels, so it sees neither the PDL overlaps nor the gaps between launches.
+// finished. This is what ncu cannot show: ncu serialises the kernels, so it sees neither the
+// PDL overlaps nor the gaps between launches.
 // Cost when unset: one predictable branch per CTA and event.
 // Layout: kTraceEvents earliest times (UINT64_MAX before the first record), then kTraceEvents
 // latest times (0 before), in ns.
