@@ -219,6 +219,36 @@ std::unique_ptr<cuda::GpuMoeLayer> create_with_kernel(const LayerWeights& w,
   return gpu;
 }
 
+// The layer with the bulk expert kernels and environment knob `name` set to `value` (layers read
+// their knobs once, at creation).
+std::unique_ptr<cuda::GpuMoeLayer> create_bulk_with_knob(const LayerWeights& w,
+                                                         const cuda::GpuLayerOptions& opt,
+                                                         const char* name, const char* value) {
+  setenv(name, value, 1);
+  auto gpu = create_with_kernel(w, opt, "bulk");
+  unsetenv(name);
+  return gpu;
+}
+
+// Two bulk layers, made with knob `name` at `off` and at `on`, forward the same `tokens`
+// (inputs seeded seed + T): on's output matches the CPU reference and off's equals it bit for
+// bit (the knob moves work between CTAs or in time, never changes a sum).
+void expect_knob_keeps_the_output(const MoeSpec& spec, const LayerWeights& w,
+                                  const cuda::GpuLayerOptions& opt, const char* name,
+                                  const char* off, const char* on,
+                                  std::initializer_list<int> tokens, FuseShared fuse, int seed) {
+  const auto without = create_bulk_with_knob(w, opt, name, off);
+  const auto with = create_bulk_with_knob(w, opt, name, on);
+  for (int t : tokens) {
+    const std::vector<Bf16> x = random_x(t, spec.hidden, seed + t);
+    std::ostringstream what;
+    what << spec.name << " T=" << t << " " << name << "=" << on << " vs " << off;
+    const ForwardResult g = with->forward(x.data(), t, fuse);
+    expect_layer_matches_cpu(spec, w, x.data(), t, g, fuse, what.str());
+    EXPECT_EQ(without->forward(x.data(), t, fuse).y, g.y) << what.str();
+  }
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (const auto& m : kModels) {
@@ -533,9 +563,7 @@ TEST(GpuLayerSmall, BulkDynamicTailAtEveryShare) {
     cuda::GpuLayerOptions opt;
     opt.max_tokens = 20;
     for (const char* tail : {"0", "30", "100"}) {
-      setenv("MOEKIT_EXPERTS_TAIL", tail, 1);
-      const auto gpu = create_with_kernel(*w, opt, "bulk");
-      unsetenv("MOEKIT_EXPERTS_TAIL");
+      const auto gpu = create_bulk_with_knob(*w, opt, "MOEKIT_EXPERTS_TAIL", tail);
       for (int tokens : {1, 7, 20}) {
         const std::vector<Bf16> x = random_x(tokens, spec.hidden, 40 + tokens);
         for (FuseShared fuse : {FuseShared::Off, FuseShared::Auto}) {
@@ -586,19 +614,8 @@ TEST(GpuLayerSmall, BulkSharedExpertsFirstOrAfterTheWait) {
     const auto w = make_random_weights(spec, spec.moe_layers.front(), 13);
     cuda::GpuLayerOptions opt;
     opt.max_tokens = 300;
-    setenv("MOEKIT_EXPERTS_SHARED_FIRST", "0", 1);
-    const auto after = create_with_kernel(*w, opt, "bulk");
-    setenv("MOEKIT_EXPERTS_SHARED_FIRST", "300", 1);
-    const auto first = create_with_kernel(*w, opt, "bulk");
-    unsetenv("MOEKIT_EXPERTS_SHARED_FIRST");
-    for (int tokens : {1, 7, 20, 300}) {
-      const std::vector<Bf16> x = random_x(tokens, spec.hidden, 50 + tokens);
-      std::ostringstream what;
-      what << spec.name << " T=" << tokens << " S=" << spec.shared_slots();
-      const ForwardResult g = first->forward(x.data(), tokens, FuseShared::On);
-      expect_layer_matches_cpu(spec, *w, x.data(), tokens, g, FuseShared::On, what.str());
-      EXPECT_EQ(after->forward(x.data(), tokens, FuseShared::On).y, g.y) << what.str();
-    }
+    expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_SHARED_FIRST", "0", "300",
+                                 {1, 7, 20, 300}, FuseShared::On, 50);
   }
 }
 
@@ -741,19 +758,8 @@ TEST(GpuLayerRealShape, Qwen3WholeTileDownMatchesCpuReference) {
   const auto w = make_random_weights(spec, layer, 23);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 8;
-  setenv("MOEKIT_EXPERTS_WHOLE_TILES", "0", 1);
-  const auto straddling = create_with_kernel(*w, opt, "bulk");
-  setenv("MOEKIT_EXPERTS_WHOLE_TILES", "8", 1);
-  const auto whole = create_with_kernel(*w, opt, "bulk");
-  unsetenv("MOEKIT_EXPERTS_WHOLE_TILES");
-  for (int tokens : {1, 2, 4, 7}) {
-    const std::vector<Bf16> x = random_x(tokens, spec.hidden, 40 + tokens);
-    std::ostringstream what;
-    what << "qwen3-30b-a3b T=" << tokens;
-    const ForwardResult g = whole->forward(x.data(), tokens, FuseShared::Off);
-    expect_layer_matches_cpu(spec, *w, x.data(), tokens, g, FuseShared::Off, what.str());
-    EXPECT_EQ(straddling->forward(x.data(), tokens, FuseShared::Off).y, g.y) << what.str();
-  }
+  expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_WHOLE_TILES", "0", "8", {1, 2, 4, 7},
+                               FuseShared::Off, 40);
 }
 
 // ---- the expert-kernel variant choice (host code: runs without a GPU) ----
