@@ -336,7 +336,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   // parity of its "empty" barrier cannot alias (alternating owners could run two phases ahead)
   const int producer_id = warp - kBulkProducerWarp;
   auto owns = [&](int fill) {
-    return (fill % BulkShape<kNT>::kStages) % kBulkProducerWarps == producer_id;
+    return (fill % kStages) % kBulkProducerWarps == producer_id;
   };
   const int gu_nkb = kHasGateUp ? gu.k / kBlockK : 0;
   const int dn_nkb = kHasDown ? dn.k / kBlockK : 0;
@@ -409,8 +409,6 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       m.chunk = c;
       m.down = down;
       m.task = it.task_id;
-    }
-    if (lane == 0) {
       const int blocks = min(kChunkBlocks, nkb - c * kChunkBlocks);
       const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
       mbar_arrive_expect_tx(&full[s], row_bytes * (kBulkWeightRows + it.task.count));
