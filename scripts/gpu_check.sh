@@ -13,6 +13,8 @@
 #                      --trace's timelines, in ab_stderr.txt)
 #   ncu.txt            per-kernel time and DRAM bytes of one forward under ncu (stage profile)
 #   ncu_source.txt     with PROFILE_SOURCE=1: stall reasons and the most-stalled instructions
+# The device tool returns at most 8 files from $OUT (its README): all the stages together write
+# more, so pick the stages a run needs, and keep ad-hoc logs under $OUT/logs (tarred at the end).
 # Stages: STAGES="build test sanitize tune router layer" (the default; router and layer are the
 # router GEMM and MoE layer benchmarks); also "ab" (AB_VAR=each of AB_VALUES x AB_MODELS x
 # AB_BATCHES; by default the expert-kernel variants; AB_VAR=ENV: values like A=1,B=2, where
