@@ -51,6 +51,13 @@ __device__ __forceinline__ void griddep_wait_then_trigger() {
   griddep_launch_dependents();
 }
 
+// griddep_wait_then_trigger, with the moment the wait returned in the kernel timeline (CTA thread
+// 0; trace.cuh).
+__device__ __forceinline__ void griddep_wait_then_trigger(unsigned long long* trace) {
+  griddep_wait_then_trigger();
+  if (threadIdx.x == 0) trace_mark(trace, kTraceRouterWaited);
+}
+
 // 16-byte load of data read once (weights): read-only path, not kept in L1; L2::256B asks L2
 // to fetch the whole 256-byte block from HBM at once (a warp's 32 loads cover 512 contiguous
 // bytes, so nothing fetched goes unused, and the DRAM bursts are longer).

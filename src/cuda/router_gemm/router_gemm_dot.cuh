@@ -99,9 +99,8 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
       }
     }
     if (!waited) {
-      griddep_wait_then_trigger();
+      griddep_wait_then_trigger(a.trace);
       waited = true;
-      if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterWaited);
     }
     // load activations (shared by all CTAs: cached)
     uint4 xv[kUnroll][kTileM];
@@ -127,10 +126,7 @@ __global__ void __launch_bounds__(256) router_gemm_dot_kernel(RouterGemmArgs a) 
           for (int c = 0; c < kTileN; ++c) acc[c][t] = fmaf(xf, wv[u][c].at(i), acc[c][t]);
         }
   }
-  if (!waited) {
-    griddep_wait_then_trigger();
-    if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterWaited);
-  }
+  if (!waited) griddep_wait_then_trigger(a.trace);
   if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterSummed);
 
   // reduce within each warp

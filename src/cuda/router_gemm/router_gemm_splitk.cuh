@@ -113,9 +113,8 @@ __global__ void __launch_bounds__(256) router_gemm_splitk_kernel(RouterGemmArgs 
           wa[u][i][h] = (in && w_ok[i][h]) ? load_stream_16(w_row[i][h] + kk) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {
-      griddep_wait_then_trigger();
+      griddep_wait_then_trigger(a.trace);
       waited = true;
-      if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterWaited);
     }
     // load activation fragments
     uint4 xb[kUnroll][kColTiles];
@@ -140,10 +139,7 @@ __global__ void __launch_bounds__(256) router_gemm_splitk_kernel(RouterGemmArgs 
                               word(wa[u][i][0], 2 * hk + 1), word(wa[u][i][1], 2 * hk + 1),
                               word(xb[u][j], 2 * hk), word(xb[u][j], 2 * hk + 1));
   }
-  if (!waited) {
-    griddep_wait_then_trigger();
-    if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterWaited);
-  }
+  if (!waited) griddep_wait_then_trigger(a.trace);
   if (threadIdx.x == 0) trace_mark(a.trace, kTraceRouterSummed);
 
   // warps' fragments -> shared memory: D[g (+8)][2t, 2t+1] = (expert, token)
