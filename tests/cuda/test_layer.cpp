@@ -619,6 +619,20 @@ TEST(GpuLayerSmall, BulkSharedExpertsFirstOrAfterTheWait) {
   }
 }
 
+// The bulk down kernel's weight rows of >= 2 KB copied in two pieces (experts_down_split_tokens;
+// the scaled-down shapes' rows are shorter, so this one's inter is 1024: 2 KB rows): against
+// the CPU reference, and bit for bit equal to one copy per row (the same bytes land in the same
+// shared memory).
+TEST(GpuLayerSmall, BulkDownWeightRowsInTwoCopies) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3", 128, 16, 1024);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 17);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 8;
+  expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_SPLIT", "0", "8", {1, 2, 7},
+                               FuseShared::Auto, 60);
+}
+
 // ---- routing + dispatch alone, on constructed logits ----
 
 // Tie-free logits: a per-token permutation of evenly spaced values (0.05 apart).
@@ -806,6 +820,22 @@ TEST(ExpertsVariant, DynamicTailParsesAPercentageAndNamesABadOne) {
   EXPECT_LE(fallback, 100);
   expect_env_int_knob("MOEKIT_EXPERTS_TAIL", cuda::experts_dynamic_tail_percent, {0, 15, 100},
                       {"101", "-1", "15%", "x"}, "a percentage, 0 to 100");
+}
+
+TEST(ExpertsVariant, DownSplitParsesATokenCountAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_DOWN_SPLIT");
+  EXPECT_GE(cuda::experts_down_split_tokens(), 1);  // on at one token by default
+  expect_env_int_knob("MOEKIT_EXPERTS_DOWN_SPLIT", cuda::experts_down_split_tokens, {0, 8, 256},
+                      {"-1", "on", "8 tokens"}, "a token count, 0 (never) to 1048576");
+}
+
+TEST(ExpertsVariant, DownRowsInTwoCopiesOnlyUpToTheLimitAndFrom2KB) {
+  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 2048, 8), 2);  // DeepSeek-V3, Kimi-K2
+  EXPECT_EQ(cuda::experts_down_copy_pieces(8, 2048, 8), 2);
+  EXPECT_EQ(cuda::experts_down_copy_pieces(9, 2048, 8), 1);  // more tokens than the limit
+  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 2048, 0), 1);  // turned off
+  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 768, 8), 1);   // Qwen3-30B-A3B: 1.5 KB rows
+  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 1024, 8), 2);  // 2 KB rows
 }
 
 TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {

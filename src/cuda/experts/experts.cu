@@ -63,7 +63,9 @@ int smem_bytes(ExpertsStream stream_kind, int chunk) {
 constexpr int kDown4MaxBlocks = 4 * 4;
 
 // k: the reduction length of the launch (H for gate/up, the expert width for down).
-Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) {
+// split_rows: the bulk down kernel's instance that copies weight rows in two halves.
+Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
+                   bool split_rows = false) {
   const bool gate_up = kind == ExpertsKind::GateUp;
   MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
                                           << " (expected 8 or 16)");
@@ -71,6 +73,7 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
     case ExpertsStream::Persistent:  // its separate GEMMs (the unfused shared MLP) run as Bulk
     case ExpertsStream::Bulk:
       if (chunk == 8) {
+        if (!gate_up && split_rows) return {experts_bulk_kernel<false, 1, true>, kBulkThreads};
         return {gate_up ? experts_bulk_kernel<true, 1> : experts_bulk_kernel<false, 1>,
                 kBulkThreads};
       }
@@ -148,6 +151,24 @@ int experts_dynamic_tail_percent() {
   return env_int_in_range("MOEKIT_EXPERTS_TAIL", 35, 0, 100, "a percentage, 0 to 100");
 }
 
+int experts_down_split_tokens() {
+  // Measured on the H200 (bench/results/h200/2026-11-30-s9-experiments): the down kernel's
+  // 4 KB weight rows in two 2 KB copies, off / on twice in one run (run 5): DeepSeek-V3 T=1
+  // 198.1 -> 195.0 us, T=2 -0.6%, T=4 -0.7%, T=8 -0.5%; Kimi-K2 T=1 -0.6%, T=4 -0.7%, T=8
+  // -0.5%. At 32-128 tokens it lost 0.4-1.4% (run 4, the same H200 kind), and split gate/up
+  // rows lost everywhere there; on the other H200 kind (run 3) splitting every row gained at
+  // 1-32 tokens and lost at 128. As this template instance, default on (session 10, run 1, the
+  // 4.63 TB/s kind, twice; bench/results/h200/2026-11-30-s10-experiments): DeepSeek-V3 T=1
+  // 203.1 -> 199.4 us, T=2 -1.9%, T=8 -1.5%, T=32 and 128 (no split) equal, Qwen3-30B-A3B (no
+  // split: 1.5 KB rows) equal. Why it helps is not known (the bytes and the ring are the same).
+  return env_int_in_range("MOEKIT_EXPERTS_DOWN_SPLIT", 8, 0, 1 << 20,
+                          "a token count, 0 (never) to 1048576");
+}
+
+int experts_down_copy_pieces(int tokens, int k, int split_tokens) {
+  return tokens <= split_tokens && k >= 1024 ? 2 : 1;
+}
+
 int experts_shared_first_tokens() {
   // Measured on the H200, DeepSeek-V3 fused, same run (bench/results/h200/2026-11-30-s7-
   // experiments): shared items first, T=1 205.5 -> 199.1 us, T=8 1197.5 -> 1182.7, T=32 3306.7
@@ -206,12 +227,21 @@ int resident_grid(void (*fn)(Params...), int threads, int smem, const char* what
 
 int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) {
   const Variant v = kernel_for(kind, chunk, stream_kind, k);
-  return resident_grid(v.fn, v.threads, smem_bytes(stream_kind, chunk), "expert kernel", chunk);
+  const int smem = smem_bytes(stream_kind, chunk);
+  const int grid = resident_grid(v.fn, v.threads, smem, "expert kernel", chunk);
+  // the split-row instance (launch_experts picks it by ExpertsParams::weight_copy_pieces) needs
+  // its own shared-memory limit raised; its resources are the same instance's otherwise
+  const Variant split = kernel_for(kind, chunk, stream_kind, k, true);
+  if (split.fn != v.fn) {
+    MK_CHECK(resident_grid(split.fn, split.threads, smem, "expert kernel", chunk) == grid,
+             "the split-row expert kernel's resident grid differs from its one-copy twin's");
+  }
+  return grid;
 }
 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
-  const Variant v = kernel_for(kind, chunk, stream_kind, p.k);
+  const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2);
   launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk), stream, p);
 }
 

@@ -38,6 +38,10 @@ struct ExpertsParams {
   // bulk gate/up kernel: the last dynamic_tail_percent % of the items are not in the CTAs'
   // static ranges but taken from work_counter by the CTAs that finish their ranges first
   int dynamic_tail_percent = 0;
+  // bulk down kernel: each weight row of >= 2 KB copied in this many pieces, 1 or 2 (2: its
+  // kernel instance with two copies per row; why: faster at 1-8 tokens on the H200,
+  // experts_down_split_tokens)
+  int weight_copy_pieces = 1;
   // bulk gate/up with the shared experts fused: their number S (ids first_shared_expert..+S-1,
   // slots top_k..top_k+S-1 of every token; tokens and slots below), whose items are issued
   // before the kernel waits for the dispatch (they need nothing from it); 0: none early
@@ -83,6 +87,14 @@ int experts_chunk(int tokens);
 // MOEKIT_EXPERTS_TAIL=0..100 when set (read at each call; layers call once, at creation), else
 // the measured default.
 int experts_dynamic_tail_percent();
+// The most tokens at which the bulk down kernel copies its weight rows in two pieces
+// (ExpertsParams::weight_copy_pieces): MOEKIT_EXPERTS_DOWN_SPLIT=0.. when set (0: never; read at
+// each call; layers call once, at creation), else the measured default.
+int experts_down_split_tokens();
+// The bulk down kernel's ExpertsParams::weight_copy_pieces at `tokens` tokens for a reduction
+// length of `k` (the expert width): 2 when tokens <= split_tokens and a row is >= 2 KB (k >=
+// 1024), else 1.
+int experts_down_copy_pieces(int tokens, int k, int split_tokens);
 // The most tokens at which the bulk gate/up kernel issues the fused shared experts' items before
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.

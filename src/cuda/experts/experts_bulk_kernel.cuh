@@ -273,8 +273,9 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // gate/up items of its task have counted themselves in task_done[task] (release / acquire), its
 // weight copies do not. Safe to spin: the grid is at most the resident CTAs (experts_fused_grid),
 // and the next kernel launches only once every CTA has passed its trigger (all were resident).
-// kNT: n-tiles of 8 tokens per task.
-template <int kMode, int kNT>
+// kNT: n-tiles of 8 tokens per task. kSplitRows: weight rows of >= 2 KB copied in two halves
+// (a template parameter, not a runtime test: any code for it slowed the one-copy kernels).
+template <int kMode, int kNT, bool kSplitRows = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done, int order) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
@@ -390,7 +391,15 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     void* dst = smem + s * L::kStageBytes + lane * L::kPitch;
     if (src != nullptr) {
       if (lane < kBulkWeightRows) {
-        bulk_copy_hinted(dst, src, row_bytes, &full[s], weight_policy);
+        if (kSplitRows && row_bytes >= 2048) {
+          // two copies of half a row (experts.h, ExpertsParams::weight_copy_pieces)
+          const uint32_t half = row_bytes / 2;
+          bulk_copy_hinted(dst, src, half, &full[s], weight_policy);
+          bulk_copy_hinted(static_cast<char*>(dst) + half, src + half / 2, half, &full[s],
+                           weight_policy);
+        } else {
+          bulk_copy_hinted(dst, src, row_bytes, &full[s], weight_policy);
+        }
       } else {
         bulk_copy(dst, src, row_bytes, &full[s]);
       }
@@ -848,10 +857,11 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   }
 }
 
-// One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch.
-template <bool kGateUp, int kNT>
+// One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
+// kSplitRows as experts_bulk_body.
+template <bool kGateUp, int kNT, bool kSplitRows = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
-  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT>(p, p, nullptr, 0);
+  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows>(p, p, nullptr, 0);
 }
 
 // Gate/up and down in one persistent grid (grid <= resident CTAs; task_done zeroed by the

@@ -98,6 +98,7 @@ struct GpuMoeLayer::Impl {
   int dynamic_tail_percent = 0;                // the bulk gate/up kernel's (MOEKIT_EXPERTS_TAIL)
   int shared_first_tokens = 0;                 // its MOEKIT_EXPERTS_SHARED_FIRST
   int whole_tile_tokens = 0;                   // the bulk down's MOEKIT_EXPERTS_WHOLE_TILES
+  int down_split_tokens = 0;                   // ... its MOEKIT_EXPERTS_DOWN_SPLIT
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -320,6 +321,7 @@ struct GpuMoeLayer::Impl {
     dynamic_tail_percent = experts_dynamic_tail_percent();
     shared_first_tokens = experts_shared_first_tokens();
     whole_tile_tokens = experts_whole_tile_tokens();
+    down_split_tokens = experts_down_split_tokens();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -508,6 +510,7 @@ struct GpuMoeLayer::Impl {
     d.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
     d.y = static_cast<__nv_bfloat16*>(y);
     d.trace = trace;
+    d.weight_copy_pieces = experts_down_copy_pieces(tokens, I, down_split_tokens);
     if (one_expert_launch) {
       launch_experts_fused(chunk, g, d, task_done.as<int>(), fused_grid[ci], st);
     } else {
