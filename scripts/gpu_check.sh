@@ -11,14 +11,15 @@
 #   trace_deepseek-v3.txt        its kernel timelines (--trace)
 #   ab.txt             the values of one setting side by side (stage ab; its stderr, with
 #                      --trace's timelines, in ab_stderr.txt)
+#   stream.txt         the bulk-copy stream's ceiling per copy / stage / ring shape (stage stream)
 #   ncu.txt            per-kernel time and DRAM bytes of one forward under ncu (stage profile)
 #   ncu_source.txt     with PROFILE_SOURCE=1: stall reasons and the most-stalled instructions
 # The device tool returns at most 8 files from $OUT (its README): all the stages together write
 # more, so pick the stages a run needs, and keep ad-hoc logs under $OUT/logs (tarred at the end).
-# Stages: STAGES="build test sanitize tune router layer" (the default; router and layer are the
-# router GEMM and MoE layer benchmarks); also "ab" (AB_VAR=each of AB_VALUES x AB_MODELS x
-# AB_BATCHES; by default the expert-kernel variants; AB_VAR=ENV: values like A=1,B=2, where
-# MOEKIT_BIN=path picks the binary) and
+# Stages: STAGES="build test sanitize tune router stream layer" (the default; router, stream and
+# layer are the router GEMM, bulk-copy stream and MoE layer benchmarks); also "ab" (AB_VAR=each
+# of AB_VALUES x AB_MODELS x AB_BATCHES; by default the expert-kernel variants; AB_VAR=ENV:
+# values like A=1,B=2, where MOEKIT_BIN=path picks the binary) and
 # "profile" (PROFILE_MODELS at PROFILE_TOKENS tokens under ncu; PROFILE_SOURCE=1 adds the
 # per-instruction stall samples, ncu_source.txt). A failing stage is recorded and the script goes
 # on, so one call returns everything there is to learn.
@@ -27,7 +28,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
-STAGES="${STAGES:-build test sanitize tune router layer}"
+STAGES="${STAGES:-build test sanitize tune router stream layer}"
 BUILD="${MOEKIT_BUILD_DIR:-build-gpu}"
 BENCH_MODELS="${BENCH_MODELS:-deepseek-v3 qwen3-30b-a3b kimi-k2 minimax-m2 qwen2-57b-a14b gpt-oss-120b}"
 BENCH_BATCHES="${BENCH_BATCHES:-1,2,4,8,16,32,64,128,256}"
@@ -134,6 +135,12 @@ if has_stage router && [ -x "$MOEKIT" ]; then
       sh -c "exec '$MOEKIT' bench router-gemm --model $m --json >>'$OUT/bench_router.jsonl'"
   done
   "$MOEKIT" bench router-gemm --model deepseek-v3 >>"$summary" 2>>"$LOGS/bench_router.log"
+fi
+
+if has_stage stream && [ -x "$MOEKIT" ]; then
+  # the bulk-copy stream's ceiling by copy, stage and ring shape (moekit bench stream)
+  timed stream "$LOGS/bench_stream.log" sh -c "exec '$MOEKIT' bench stream >>'$OUT/stream.txt'"
+  "$MOEKIT" bench stream --json >"$LOGS/bench_stream.json" 2>>"$LOGS/bench_stream.log"
 fi
 
 if has_stage layer && [ -x "$MOEKIT" ]; then

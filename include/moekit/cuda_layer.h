@@ -148,4 +148,65 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
 // The read kernel alone: GB/s (1e9 B/s) of a 16-byte-load read over `bytes`, median of replays.
 double measure_read_bandwidth(size_t bytes, int device = 0);
 
+// ---- the bulk-copy stream's ceiling (src/cuda/bench/stream_probe.cu, `moekit bench stream`) ----
+
+// One pattern of the bulk expert kernels' weight stream without their math: every CTA (one per
+// SM) moves its units of a buffer through a ring of `stages` shared-memory stages with 1-D bulk
+// copies. A unit fills one stage: `rows` copies, row r of row block b and chunk c from byte
+// (b * rows + r) * row_bytes + c * copy_bytes, copy_bytes long (a row's last chunk may be
+// shorter). row_bytes == copy_bytes: each stage is one contiguous range (the down kernel's 16
+// weight rows); row_bytes > copy_bytes: a k chunk of `rows` rows (gate/up's 14 KB rows).
+// The order of the units among the CTAs: contiguous ranges (as the expert kernels' static
+// ranges), round-robin (CTA b takes units b, b + grid, ...: all CTAs near one address at a time,
+// as the read kernel), or ranges each walked from a CTA-dependent start (a hash of the CTA),
+// wrapping around: the same ranges, the CTAs at unrelated offsets.
+enum class StreamOrder { Ranges, RoundRobin, RotatedRanges };
+inline const char* stream_order_name(StreamOrder o) {
+  switch (o) {
+    case StreamOrder::Ranges: return "ranges";
+    case StreamOrder::RoundRobin: return "round-robin";
+    case StreamOrder::RotatedRanges: return "rotated";
+  }
+  return "?";
+}
+
+struct StreamProbeConfig {
+  std::string name;
+  int rows = 16;             // copies per stage, 1..64
+  int row_bytes = 4096;      // stride of the rows in global memory (a multiple of 16)
+  int copy_bytes = 4096;     // bytes per copy (a multiple of 16, <= row_bytes)
+  int stages = 2;            // ring depth, 2..8
+  StreamOrder order = StreamOrder::Ranges;
+  bool read = true;          // the consumers read every byte of a stage (as the mma warps do)
+};
+
+struct StreamProbeRecord {
+  StreamProbeConfig config;
+  size_t bytes = 0;     // bytes streamed (whole row blocks of the buffer)
+  double us = 0;        // median of CUDA-graph replays
+  double gbs = 0;       // bytes / us
+  double of_read = 0;   // gbs / the read kernel's (mean of before and after)
+};
+
+struct StreamProbeRun {
+  std::string device;
+  size_t buffer_bytes = 0;
+  double read_gbs_before = 0, read_gbs_after = 0;  // the read kernel around the probes
+  std::vector<StreamProbeRecord> records;
+};
+
+// The configs `moekit bench stream` measures: the bulk expert kernels' stage shapes and the
+// copy sizes, stage sizes, ring depths and orders around them.
+std::vector<StreamProbeConfig> stream_probe_configs();
+// Checks a config (a clear error naming what is wrong): the shape limits above and that the
+// ring fits in shared memory.
+void check_stream_probe_config(const StreamProbeConfig& c);
+// Times each config over one buffer of `bytes` in one run, with the read kernel before and after.
+StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>& configs, size_t bytes,
+                            int device = 0);
+// One probe launch over device memory `data` (`bytes`) with read on: the XOR of every 32-bit
+// word the consumers read (the test compares it with the host's over *covered bytes).
+uint32_t stream_probe_checksum(const StreamProbeConfig& c, const void* data, size_t bytes,
+                               size_t* covered);
+
 }  // namespace moekit::cuda

@@ -57,5 +57,13 @@ ForwardResult forward_once(const LayerWeights&, const Bf16*, int, FuseShared) {
 
 std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions&, bool) { no_cuda("bench_layer"); }
 double measure_read_bandwidth(size_t, int) { no_cuda("measure_read_bandwidth"); }
+std::vector<StreamProbeConfig> stream_probe_configs() { no_cuda("stream_probe_configs"); }
+void check_stream_probe_config(const StreamProbeConfig&) { no_cuda("check_stream_probe_config"); }
+StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>&, size_t, int) {
+  no_cuda("bench_stream");
+}
+uint32_t stream_probe_checksum(const StreamProbeConfig&, const void*, size_t, size_t*) {
+  no_cuda("stream_probe_checksum");
+}
 
 }  // namespace moekit::cuda

@@ -33,6 +33,7 @@ void add_run_command(CLI::App& app);       // cmd_run.cpp
 CLI::App* add_bench_command(CLI::App& app);  // cmd_bench.cpp: returns `bench` for sub-benches
 void add_tune_command(CLI::App& app);      // cmd_tune.cpp (router GEMM tuner)
 void add_bench_router_gemm_command(CLI::App& bench);  // bench_router_gemm.cpp
+void add_bench_stream_command(CLI::App& bench);       // bench_stream.cpp
 
 int run_bench_cpu(const BenchOptions& opt);   // bench_cpu.cpp
 int run_bench_cuda(const BenchOptions& opt);  // bench_cuda.cpp

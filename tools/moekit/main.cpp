@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   moekit::cli::add_run_command(app);
   CLI::App* bench = moekit::cli::add_bench_command(app);
   moekit::cli::add_bench_router_gemm_command(*bench);
+  moekit::cli::add_bench_stream_command(*bench);
   moekit::cli::add_tune_command(app);
   try {
     app.parse(argc, argv);
