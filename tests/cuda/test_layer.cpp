@@ -619,18 +619,32 @@ TEST(GpuLayerSmall, BulkSharedExpertsFirstOrAfterTheWait) {
   }
 }
 
-// The bulk down kernel's weight rows of >= 2 KB copied in two pieces (experts_down_split_tokens;
-// the scaled-down shapes' rows are shorter, so this one's inter is 1024: 2 KB rows): against
+// The bulk down kernel's weight rows of > 2 KB copied in two pieces (experts_down_split_tokens;
+// the scaled-down shapes' rows are shorter, so this one's inter is 1152: 2.25 KB rows): against
 // the CPU reference, and bit for bit equal to one copy per row (the same bytes land in the same
 // shared memory).
 TEST(GpuLayerSmall, BulkDownWeightRowsInTwoCopies) {
   SKIP_WITHOUT_GPU();
-  const MoeSpec spec = small_spec("deepseek-v3", 128, 16, 1024);
+  const MoeSpec spec = small_spec("deepseek-v3", 128, 16, 1152);
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 17);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 8;
   expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_SPLIT", "0", "8", {1, 2, 7},
                                FuseShared::Auto, 60);
+}
+
+// The bulk down kernel's deep ring (4 stages of 2 KB chunks, experts_down_deep_tokens; rows of
+// <= 2 KB: inter 768, as Qwen3-30B-A3B): against the CPU reference and bit for bit equal to the
+// 2-stage ring (a warp takes the same k blocks in the same order). Forced at 40 tokens too (not
+// a default): two tasks of one expert.
+TEST(GpuLayerSmall, BulkDownDeepRing) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("qwen3-30b-a3b", 256, 16, 768);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 23);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 40;
+  expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_DEEP", "0", "64", {1, 7, 40},
+                               FuseShared::Auto, 70);
 }
 
 // ---- routing + dispatch alone, on constructed logits ----
@@ -835,7 +849,24 @@ TEST(ExpertsVariant, DownRowsInTwoCopiesOnlyUpToTheLimitAndFrom2KB) {
   EXPECT_EQ(cuda::experts_down_copy_pieces(9, 2048, 8), 1);  // more tokens than the limit
   EXPECT_EQ(cuda::experts_down_copy_pieces(1, 2048, 0), 1);  // turned off
   EXPECT_EQ(cuda::experts_down_copy_pieces(1, 768, 8), 1);   // Qwen3-30B-A3B: 1.5 KB rows
-  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 1024, 8), 2);  // 2 KB rows
+  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 1024, 8), 1);  // 2 KB rows: the deep ring
+  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 1152, 8), 2);  // 2.25 KB rows
+}
+
+TEST(ExpertsVariant, DownDeepParsesATokenCountAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_DOWN_DEEP");
+  EXPECT_GE(cuda::experts_down_deep_tokens(), 1);  // on at one token by default
+  expect_env_int_knob("MOEKIT_EXPERTS_DOWN_DEEP", cuda::experts_down_deep_tokens, {0, 8, 256},
+                      {"-1", "on", "8 tokens"}, "a token count, 0 (never) to 1048576");
+}
+
+TEST(ExpertsVariant, DownDeepRingOnlyUpToTheLimitAndFor2KBRows) {
+  EXPECT_TRUE(cuda::experts_down_deep_ring(1, 768, 8));    // Qwen3-30B-A3B: 1.5 KB rows
+  EXPECT_TRUE(cuda::experts_down_deep_ring(8, 1024, 8));   // 2 KB rows
+  EXPECT_FALSE(cuda::experts_down_deep_ring(9, 768, 8));   // more tokens than the limit
+  EXPECT_FALSE(cuda::experts_down_deep_ring(1, 768, 0));   // turned off
+  EXPECT_FALSE(cuda::experts_down_deep_ring(1, 1536, 8));  // 3 KB rows: the wide ring
+  EXPECT_FALSE(cuda::experts_down_deep_ring(1, 2048, 8));  // DeepSeek-V3: split copies instead
 }
 
 TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {

@@ -54,18 +54,20 @@ struct Variant {
   int threads;
 };
 
-int smem_bytes(ExpertsStream stream_kind, int chunk) {
+int smem_bytes(ExpertsStream stream_kind, int chunk, bool deep = false) {
   if (stream_kind != ExpertsStream::Bulk && stream_kind != ExpertsStream::Persistent) return 0;
-  return chunk == 8 ? bulk_smem_bytes<1>() : bulk_smem_bytes<2>();
+  if (chunk != 8) return bulk_smem_bytes<2>();
+  return deep ? bulk_smem_bytes<1, true>() : bulk_smem_bytes<1>();
 }
 
 // Largest reduction length (in 64-wide k blocks) the 4-warp down variant covers in one round.
 constexpr int kDown4MaxBlocks = 4 * 4;
 
 // k: the reduction length of the launch (H for gate/up, the expert width for down).
-// split_rows: the bulk down kernel's instance that copies weight rows in two halves.
+// split_rows: the bulk down kernel's instance that copies weight rows in two halves; deep: its
+// deep-ring instance (chunk 8).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
-                   bool split_rows = false) {
+                   bool split_rows = false, bool deep = false) {
   const bool gate_up = kind == ExpertsKind::GateUp;
   MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
                                           << " (expected 8 or 16)");
@@ -73,6 +75,7 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
     case ExpertsStream::Persistent:  // its separate GEMMs (the unfused shared MLP) run as Bulk
     case ExpertsStream::Bulk:
       if (chunk == 8) {
+        if (!gate_up && deep) return {experts_bulk_kernel<false, 1, false, true>, kBulkThreads};
         if (!gate_up && split_rows) return {experts_bulk_kernel<false, 1, true>, kBulkThreads};
         return {gate_up ? experts_bulk_kernel<true, 1> : experts_bulk_kernel<false, 1>,
                 kBulkThreads};
@@ -166,7 +169,23 @@ int experts_down_split_tokens() {
 }
 
 int experts_down_copy_pieces(int tokens, int k, int split_tokens) {
-  return tokens <= split_tokens && k >= 1024 ? 2 : 1;
+  return tokens <= split_tokens && k > 1024 ? 2 : 1;
+}
+
+int experts_down_deep_tokens() {
+  // Measured on the H200 (bench/results/h200/2026-11-30-s10-experiments, runs 8-10, off / on
+  // twice in one run): Qwen3-30B-A3B (768-wide experts: 1.5 KB rows) T=1 33.4 -> 32.1 us, T=2
+  // 52.2 -> 49.6, T=8 142.1 -> 141.4; at 16-128 tokens it lost 0.4-3% (at 256 it gained 1.6%).
+  // Its 2-stage ring carries 24 KB of weights per stage, the deep one twice the stages; the
+  // bulk-copy stream probe (moekit bench stream) streams that shape at 0.75 of the read kernel
+  // with 2 stages and 0.95-0.98 with 4. With 4 KB rows (DeepSeek-V3) the deep ring lost 0.3-1%
+  // at 1-8 tokens (and a deep gate/up ring: 0.5-1.5%, Qwen3 within 1%), hence rows <= 2 KB.
+  return env_int_in_range("MOEKIT_EXPERTS_DOWN_DEEP", 8, 0, 1 << 20,
+                          "a token count, 0 (never) to 1048576");
+}
+
+bool experts_down_deep_ring(int tokens, int k, int deep_tokens) {
+  return tokens <= deep_tokens && k <= 1024;
 }
 
 int experts_shared_first_tokens() {
@@ -236,13 +255,21 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
     MK_CHECK(resident_grid(split.fn, split.threads, smem, "expert kernel", chunk) == grid,
              "the split-row expert kernel's resident grid differs from its one-copy twin's");
   }
+  // ... and so does the down kernel's deep-ring instance, whose ring is a few KB larger
+  const Variant deep = kernel_for(kind, chunk, stream_kind, k, false, true);
+  if (deep.fn != v.fn) {
+    MK_CHECK(resident_grid(deep.fn, deep.threads, smem_bytes(stream_kind, chunk, true),
+                           "expert kernel", chunk) == grid,
+             "the deep-ring expert kernel's resident grid differs from its twin's");
+  }
   return grid;
 }
 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
-  const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2);
-  launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk), stream, p);
+  const bool deep = kind == ExpertsKind::Down && p.deep_ring != 0 && chunk == 8;
+  const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2, deep);
+  launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk, deep), stream, p);
 }
 
 namespace {

@@ -42,6 +42,9 @@ struct ExpertsParams {
   // kernel instance with two copies per row; why: faster at 1-8 tokens on the H200,
   // experts_down_split_tokens)
   int weight_copy_pieces = 1;
+  // bulk down kernel at chunk 8: 1 for the ring of 4 stages of 2 KB chunks instead of 2 of 4 KB
+  // (its own kernel instance; why: experts_down_deep_tokens), else 0
+  int deep_ring = 0;
   // bulk gate/up with the shared experts fused: their number S (ids first_shared_expert..+S-1,
   // slots top_k..top_k+S-1 of every token; tokens and slots below), whose items are issued
   // before the kernel waits for the dispatch (they need nothing from it); 0: none early
@@ -92,9 +95,16 @@ int experts_dynamic_tail_percent();
 // each call; layers call once, at creation), else the measured default.
 int experts_down_split_tokens();
 // The bulk down kernel's ExpertsParams::weight_copy_pieces at `tokens` tokens for a reduction
-// length of `k` (the expert width): 2 when tokens <= split_tokens and a row is >= 2 KB (k >=
-// 1024), else 1.
+// length of `k` (the expert width): 2 when tokens <= split_tokens and a row is longer than 2 KB
+// (k > 1024; shorter rows take the deep ring), else 1.
 int experts_down_copy_pieces(int tokens, int k, int split_tokens);
+// The most tokens at which the bulk down kernel streams rows of <= 2 KB through the deep ring
+// (ExpertsParams::deep_ring): MOEKIT_EXPERTS_DOWN_DEEP=0.. when set (0: never; read at each
+// call; layers call once, at creation), else the measured default.
+int experts_down_deep_tokens();
+// Whether the bulk down kernel takes the deep ring at `tokens` tokens for a reduction length of
+// `k` (the expert width): tokens <= deep_tokens and a row fits one 2 KB chunk (k <= 1024).
+bool experts_down_deep_ring(int tokens, int k, int deep_tokens);
 // The most tokens at which the bulk gate/up kernel issues the fused shared experts' items before
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.

@@ -131,23 +131,31 @@ struct BulkLayout {
   static_assert(kBytes <= 227 * 1024, "the ring does not fit in shared memory");
 };
 
-// Ring depth and chunk per n-tiles: ~200 KB of shared memory, 1 CTA per SM.
-template <int kNT>
+// Ring depth and chunk per n-tiles: ~200 KB of shared memory, 1 CTA per SM. kDeep (kNT 1 only):
+// twice the stages of half the chunk.
+template <int kNT, bool kDeep = false>
 struct BulkShape;
 template <>
-struct BulkShape<1> {
+struct BulkShape<1, false> {
   // 2 x 98 KB (16 x 4 KB weights). why 4 KB rows, not 4 stages of 2 KB: the same weight bytes
   // in flight with half the bulk copies per byte (the copy issue limited the stream: header)
   static constexpr int kStages = 2, kChunkBlocks = 32;
 };
 template <>
-struct BulkShape<2> {
+struct BulkShape<1, true> {
+  // 4 x 50 KB (16 x 2 KB weights): for down rows of <= 2 KB, which fill at most half a stage of
+  // BulkShape<1, false>, twice the stages and so twice the weight bytes in flight
+  // (ExpertsParams::deep_ring: where it is used and why)
+  static constexpr int kStages = 4, kChunkBlocks = 16;
+};
+template <>
+struct BulkShape<2, false> {
   static constexpr int kStages = 5, kChunkBlocks = 8;  // 5 x 34 KB (16 x 1 KB weights)
 };
 
-template <int kNT>
+template <int kNT, bool kDeep = false>
 constexpr int bulk_smem_bytes() {
-  using S = BulkShape<kNT>;
+  using S = BulkShape<kNT, kDeep>;
   return BulkLayout<kNT, S::kStages, S::kChunkBlocks>::kBytes;
 }
 
@@ -215,7 +223,8 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // and the next kernel launches only once every CTA has passed its trigger (all were resident).
 // kNT: n-tiles of 8 tokens per task. kSplitRows: weight rows of >= 2 KB copied in two halves
 // (a template parameter, not a runtime test: any code for it slowed the one-copy kernels).
-template <int kMode, int kNT, bool kSplitRows = false>
+// kDeep: the ring BulkShape<kNT, true>.
+template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done, int order) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
@@ -224,8 +233,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   constexpr bool kFused = kMode == kBulkFused;
   // whether an item (its record's `down` flag) is a down item: fixed by the mode unless fused
   auto is_down = [](int down_flag) { return kHasDown && (!kHasGateUp || down_flag != 0); };
-  constexpr int kStages = BulkShape<kNT>::kStages;
-  constexpr int kChunkBlocks = BulkShape<kNT>::kChunkBlocks;
+  constexpr int kStages = BulkShape<kNT, kDeep>::kStages;
+  constexpr int kChunkBlocks = BulkShape<kNT, kDeep>::kChunkBlocks;
   static_assert(kChunkBlocks % kBulkConsumerWarps == 0, "whole blocks per consumer warp");
   using L = BulkLayout<kNT, kStages, kChunkBlocks>;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
@@ -798,10 +807,10 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 }
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
-// kSplitRows as experts_bulk_body.
-template <bool kGateUp, int kNT, bool kSplitRows = false>
+// kSplitRows and kDeep as experts_bulk_body.
+template <bool kGateUp, int kNT, bool kSplitRows = false, bool kDeep = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
-  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows>(p, p, nullptr, 0);
+  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kDeep>(p, p, nullptr, 0);
 }
 
 // Gate/up and down in one persistent grid (grid <= resident CTAs; task_done zeroed by the

@@ -99,6 +99,7 @@ struct GpuMoeLayer::Impl {
   int shared_first_tokens = 0;                 // its MOEKIT_EXPERTS_SHARED_FIRST
   int whole_tile_tokens = 0;                   // the bulk down's MOEKIT_EXPERTS_WHOLE_TILES
   int down_split_tokens = 0;                   // ... its MOEKIT_EXPERTS_DOWN_SPLIT
+  int down_deep_tokens = 0;                    // ... its MOEKIT_EXPERTS_DOWN_DEEP
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -322,6 +323,7 @@ struct GpuMoeLayer::Impl {
     shared_first_tokens = experts_shared_first_tokens();
     whole_tile_tokens = experts_whole_tile_tokens();
     down_split_tokens = experts_down_split_tokens();
+    down_deep_tokens = experts_down_deep_tokens();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -511,6 +513,7 @@ struct GpuMoeLayer::Impl {
     d.y = static_cast<__nv_bfloat16*>(y);
     d.trace = trace;
     d.weight_copy_pieces = experts_down_copy_pieces(tokens, I, down_split_tokens);
+    d.deep_ring = experts_down_deep_ring(tokens, I, down_deep_tokens) ? 1 : 0;
     if (one_expert_launch) {
       launch_experts_fused(chunk, g, d, task_done.as<int>(), fused_grid[ci], st);
     } else {
