@@ -619,13 +619,13 @@ TEST(GpuLayerSmall, BulkSharedExpertsFirstOrAfterTheWait) {
   }
 }
 
-// The bulk down kernel's weight rows of > 2 KB copied in two pieces (experts_down_split_tokens;
-// the scaled-down shapes' rows are shorter, so this one's inter is 1152: 2.25 KB rows): against
-// the CPU reference, and bit for bit equal to one copy per row (the same bytes land in the same
-// shared memory).
+// The bulk down kernel's 4 KB weight-row chunks copied in two pieces (experts_down_split_tokens;
+// the scaled-down shapes' rows are shorter, so this one's inter is 2560: a 4 KB chunk, split,
+// and a 1 KB one, not): against the CPU reference, and bit for bit equal to one copy per row
+// (the same bytes land in the same shared memory).
 TEST(GpuLayerSmall, BulkDownWeightRowsInTwoCopies) {
   SKIP_WITHOUT_GPU();
-  const MoeSpec spec = small_spec("deepseek-v3", 128, 16, 1152);
+  const MoeSpec spec = small_spec("deepseek-v3", 128, 16, 2560);
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 17);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 8;
@@ -850,7 +850,8 @@ TEST(ExpertsVariant, DownRowsInTwoCopiesOnlyUpToTheLimitAndFrom2KB) {
   EXPECT_EQ(cuda::experts_down_copy_pieces(1, 2048, 0), 1);  // turned off
   EXPECT_EQ(cuda::experts_down_copy_pieces(1, 768, 8), 1);   // Qwen3-30B-A3B: 1.5 KB rows
   EXPECT_EQ(cuda::experts_down_copy_pieces(1, 1024, 8), 1);  // 2 KB rows: the deep ring
-  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 1152, 8), 2);  // 2.25 KB rows
+  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 1536, 8), 1);  // MiniMax-M2, GLM-4.5: 3 KB rows
+  EXPECT_EQ(cuda::experts_down_copy_pieces(1, 2880, 8), 2);  // gpt-oss: a 4 KB chunk and 1.6 KB
 }
 
 TEST(ExpertsVariant, DownDeepParsesATokenCountAndNamesABadOne) {

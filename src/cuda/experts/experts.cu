@@ -164,12 +164,15 @@ int experts_down_split_tokens() {
   // 4.63 TB/s kind, twice; bench/results/h200/2026-11-30-s10-experiments): DeepSeek-V3 T=1
   // 203.1 -> 199.4 us, T=2 -1.9%, T=8 -1.5%, T=32 and 128 (no split) equal, Qwen3-30B-A3B (no
   // split: 1.5 KB rows) equal. Why it helps is not known (the bytes and the ring are the same).
+  // Rows of 3 KB (1536-wide experts) in 1.5 KB copies were slower (run 11, 0 / 8 twice):
+  // MiniMax-M2 T=1 68.3 -> 71.1 us, T=2 +3.9%, T=8 +2.3%; GLM-4.5 +3.3%, +2.4%, +1.2%. Hence only
+  // 4 KB row chunks, as 2 KB copies (experts_down_copy_pieces).
   return env_int_in_range("MOEKIT_EXPERTS_DOWN_SPLIT", 8, 0, 1 << 20,
                           "a token count, 0 (never) to 1048576");
 }
 
 int experts_down_copy_pieces(int tokens, int k, int split_tokens) {
-  return tokens <= split_tokens && k > 1024 ? 2 : 1;
+  return tokens <= split_tokens && k >= 2048 ? 2 : 1;
 }
 
 int experts_down_deep_tokens() {

@@ -38,7 +38,7 @@ struct ExpertsParams {
   // bulk gate/up kernel: the last dynamic_tail_percent % of the items are not in the CTAs'
   // static ranges but taken from work_counter by the CTAs that finish their ranges first
   int dynamic_tail_percent = 0;
-  // bulk down kernel: each weight row of >= 2 KB copied in this many pieces, 1 or 2 (2: its
+  // bulk down kernel: each 4 KB weight-row chunk copied in this many pieces, 1 or 2 (2: its
   // kernel instance with two copies per row; why: faster at 1-8 tokens on the H200,
   // experts_down_split_tokens)
   int weight_copy_pieces = 1;
@@ -95,8 +95,8 @@ int experts_dynamic_tail_percent();
 // each call; layers call once, at creation), else the measured default.
 int experts_down_split_tokens();
 // The bulk down kernel's ExpertsParams::weight_copy_pieces at `tokens` tokens for a reduction
-// length of `k` (the expert width): 2 when tokens <= split_tokens and a row is longer than 2 KB
-// (k > 1024; shorter rows take the deep ring), else 1.
+// length of `k` (the expert width): 2 when tokens <= split_tokens and a row holds a whole 4 KB
+// chunk (k >= 2048; its 4 KB chunks then go as two 2 KB copies), else 1.
 int experts_down_copy_pieces(int tokens, int k, int split_tokens);
 // The most tokens at which the bulk down kernel streams rows of <= 2 KB through the deep ring
 // (ExpertsParams::deep_ring): MOEKIT_EXPERTS_DOWN_DEEP=0.. when set (0: never; read at each

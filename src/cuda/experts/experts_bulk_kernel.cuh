@@ -221,7 +221,7 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // gate/up items of its task have counted themselves in task_done[task] (release / acquire), its
 // weight copies do not. Safe to spin: the grid is at most the resident CTAs (experts_fused_grid),
 // and the next kernel launches only once every CTA has passed its trigger (all were resident).
-// kNT: n-tiles of 8 tokens per task. kSplitRows: weight rows of >= 2 KB copied in two halves
+// kNT: n-tiles of 8 tokens per task. kSplitRows: 4 KB row chunks copied in two halves
 // (a template parameter, not a runtime test: any code for it slowed the one-copy kernels).
 // kDeep: the ring BulkShape<kNT, true>.
 template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false>
@@ -340,8 +340,9 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     void* dst = smem + s * L::kStageBytes + lane * L::kPitch;
     if (src != nullptr) {
       if (lane < kBulkWeightRows) {
-        if (kSplitRows && row_bytes >= 2048) {
-          // two copies of half a row (experts.h, ExpertsParams::weight_copy_pieces)
+        if (kSplitRows && row_bytes >= 4096) {
+          // two 2 KB copies of a 4 KB row chunk (experts.h, ExpertsParams::weight_copy_pieces;
+          // why not shorter chunks: 1.5 KB copies of 3 KB rows were slower, session 10)
           const uint32_t half = row_bytes / 2;
           bulk_copy_hinted(dst, src, half, &full[s], weight_policy);
           bulk_copy_hinted(static_cast<char*>(dst) + half, src + half / 2, half, &full[s],
