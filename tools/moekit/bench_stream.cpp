@@ -1,7 +1,8 @@
 // `moekit bench stream [--json]`: the bulk-copy stream's ceiling on this GPU (cuda_layer.h
 // bench_stream): the bulk expert kernels' weight stream without their math, per copy size, stage
 // size, ring depth and CTA order, as GB/s and as a fraction of the read kernel measured before
-// and after in the same run. What the expert kernels' stream could reach with each shape.
+// and after in the same run. On the H200 one shape's rate moves between runs by up to ~25%
+// (src/cuda/bench/stream_probe.cu): compare shapes within one run, and confirm in the layer.
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -20,7 +21,7 @@ struct StreamBenchOptions {
   bool json = false;
 };
 
-int run_bench_stream(const StreamBenchOptions& o) {
+void run_bench_stream(const StreamBenchOptions& o) {
   std::string why;
   MK_CHECK(cuda::available(&why), "bench stream: no usable GPU: " << why);
   const cuda::StreamProbeRun run =
@@ -37,7 +38,7 @@ int run_bench_stream(const StreamBenchOptions& o) {
                   c.rows * static_cast<double>(c.copy_bytes) / 1024, c.rows, c.stages,
                   cuda::stream_order_name(c.order), c.read ? "yes" : "no", r.us, r.gbs, r.of_read);
     }
-    return 0;
+    return;
   }
   nlohmann::json records = nlohmann::json::array();
   for (const auto& r : run.records) {
@@ -64,7 +65,6 @@ int run_bench_stream(const StreamBenchOptions& o) {
                         {"read_gbs_after", run.read_gbs_after},
                         {"records", records}};
   std::printf("%s\n", doc.dump(1).c_str());
-  return 0;
 }
 
 }  // namespace
