@@ -182,6 +182,7 @@ struct StreamProbeConfig {
 
 struct StreamProbeRecord {
   StreamProbeConfig config;
+  int buffer = 0;       // which of the run's buffers (each allocated once, all held together)
   size_t bytes = 0;     // bytes streamed (whole row blocks of the buffer)
   double us = 0;        // median of CUDA-graph replays
   double gbs = 0;       // bytes / us
@@ -191,6 +192,7 @@ struct StreamProbeRecord {
 struct StreamProbeRun {
   std::string device;
   size_t buffer_bytes = 0;
+  int buffers = 1;
   double read_gbs_before = 0, read_gbs_after = 0;  // the read kernel around the probes
   std::vector<StreamProbeRecord> records;
 };
@@ -201,9 +203,12 @@ std::vector<StreamProbeConfig> stream_probe_configs();
 // Checks a config (a clear error naming what is wrong): the shape limits above and that the
 // ring fits in shared memory.
 void check_stream_probe_config(const StreamProbeConfig& c);
-// Times each config over one buffer of `bytes` in one run, with the read kernel before and after.
+// Times each config over each of `buffers` buffers of `bytes` (1..8, allocated together, so at
+// different physical places; for a config, one buffer after the other) in one run, with the
+// read kernel before and after. why several: one shape's rate moved by up to ~25% between runs
+// on the H200, each with a fresh buffer; several buffers in one run tell placement from drift.
 StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>& configs, size_t bytes,
-                            int device = 0);
+                            int device = 0, int buffers = 1);
 // One probe launch over device memory `data` (`bytes`) with read on: the XOR of every 32-bit
 // word the consumers read (the test compares it with the host's over *covered bytes).
 uint32_t stream_probe_checksum(const StreamProbeConfig& c, const void* data, size_t bytes,

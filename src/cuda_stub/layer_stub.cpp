@@ -59,7 +59,7 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions&, bool) { no_cuda(
 double measure_read_bandwidth(size_t, int) { no_cuda("measure_read_bandwidth"); }
 std::vector<StreamProbeConfig> stream_probe_configs() { no_cuda("stream_probe_configs"); }
 void check_stream_probe_config(const StreamProbeConfig&) { no_cuda("check_stream_probe_config"); }
-StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>&, size_t, int) {
+StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>&, size_t, int, int) {
   no_cuda("bench_stream");
 }
 uint32_t stream_probe_checksum(const StreamProbeConfig&, const void*, size_t, size_t*) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../expect_error.h"
@@ -38,6 +39,14 @@ TEST(StreamProbe, BadConfigsAreNamed) {
   bad([](auto& c) { c.stages = 9; }, {"stages 9"});
   bad([](auto& c) { c.stages = 1; }, {"stages 1", "expected 2..8"});
   bad([](auto& c) { c.stages = 4; }, {"shared memory"});  // 4 x 16 x 4 KB
+}
+
+TEST(StreamProbe, BufferCountOutOfRangeIsNamed) {
+  // (checked before any CUDA call: runs without a GPU)
+  for (int buffers : {0, 9}) {
+    expect_error([&] { cuda::bench_stream(cuda::stream_probe_configs(), 1 << 26, 0, buffers); },
+                 {"buffers " + std::to_string(buffers), "expected 1..8"});
+  }
 }
 
 uint32_t host_xor(const std::vector<uint32_t>& words, size_t bytes) {

@@ -18,6 +18,7 @@ namespace {
 
 struct StreamBenchOptions {
   size_t megabytes = 4096;
+  int buffers = 1;
   bool json = false;
 };
 
@@ -25,17 +26,18 @@ void run_bench_stream(const StreamBenchOptions& o) {
   std::string why;
   MK_CHECK(cuda::available(&why), "bench stream: no usable GPU: " << why);
   const cuda::StreamProbeRun run =
-      cuda::bench_stream(cuda::stream_probe_configs(), o.megabytes << 20);
+      cuda::bench_stream(cuda::stream_probe_configs(), o.megabytes << 20, 0, o.buffers);
   if (!o.json) {
-    std::printf("bulk-copy stream on %s over %zu MB; read kernel %.0f GB/s before, %.0f after\n",
-                run.device.c_str(), run.buffer_bytes >> 20, run.read_gbs_before,
+    std::printf("bulk-copy stream on %s over %d buffer(s) of %zu MB; read kernel %.0f GB/s "
+                "before, %.0f after\n",
+                run.device.c_str(), run.buffers, run.buffer_bytes >> 20, run.read_gbs_before,
                 run.read_gbs_after);
-    std::printf("%-62s %8s %6s %6s %11s %4s %9s %7s %7s\n", "stream", "stage_KB", "copies",
-                "stages", "order", "read", "us", "GB/s", "of_read");
+    std::printf("%-62s %6s %8s %6s %6s %11s %4s %9s %7s %7s\n", "stream", "buffer", "stage_KB",
+                "copies", "stages", "order", "read", "us", "GB/s", "of_read");
     for (const auto& r : run.records) {
       const auto& c = r.config;
-      std::printf("%-62s %8.1f %6d %6d %11s %4s %9.1f %7.0f %7.3f\n", c.name.c_str(),
-                  c.rows * static_cast<double>(c.copy_bytes) / 1024, c.rows, c.stages,
+      std::printf("%-62s %6d %8.1f %6d %6d %11s %4s %9.1f %7.0f %7.3f\n", c.name.c_str(),
+                  r.buffer, c.rows * static_cast<double>(c.copy_bytes) / 1024, c.rows, c.stages,
                   cuda::stream_order_name(c.order), c.read ? "yes" : "no", r.us, r.gbs, r.of_read);
     }
     return;
@@ -44,6 +46,7 @@ void run_bench_stream(const StreamBenchOptions& o) {
   for (const auto& r : run.records) {
     const auto& c = r.config;
     records.push_back({{"stream", c.name},
+                       {"buffer", r.buffer},
                        {"rows", c.rows},
                        {"row_bytes", c.row_bytes},
                        {"copy_bytes", c.copy_bytes},
@@ -59,7 +62,8 @@ void run_bench_stream(const StreamBenchOptions& o) {
                         {"device", run.device},
                         {"date", now_utc_iso()},
                         {"command", "moekit bench stream --megabytes " +
-                                        std::to_string(o.megabytes) + " --json"},
+                                        std::to_string(o.megabytes) + " --buffers " +
+                                        std::to_string(o.buffers) + " --json"},
                         {"timing", "CUDA-graph replay of one launch, median of 15; one CTA per SM"},
                         {"read_gbs_before", run.read_gbs_before},
                         {"read_gbs_after", run.read_gbs_after},
@@ -75,6 +79,10 @@ void add_bench_stream_command(CLI::App& bench) {
   auto o = std::make_shared<StreamBenchOptions>();
   cmd->add_option("--megabytes", o->megabytes, "Buffer streamed per launch (MiB)")
       ->check(CLI::Range(size_t{64}, size_t{65536}))
+      ->capture_default_str();
+  cmd->add_option("--buffers", o->buffers,
+                  "Buffers, allocated together, each config timed on each (placement vs drift)")
+      ->check(CLI::Range(1, 8))
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON document instead of the table");
   cmd->callback([o] { run_bench_stream(*o); });

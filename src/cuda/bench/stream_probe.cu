@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -278,12 +279,13 @@ uint32_t stream_probe_checksum(const StreamProbeConfig& c, const void* data, siz
 }
 
 StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>& configs, size_t bytes,
-                            int device) {
+                            int device, int buffers) {
   using bench_timing::capture;
   using bench_timing::Graph;
   using bench_timing::Stream;
   using bench_timing::time_graph;
   for (const auto& c : configs) check_stream_probe_config(c);
+  MK_CHECK(buffers >= 1 && buffers <= 8, "bench_stream: buffers " << buffers << " (expected 1..8)");
   if (bytes == 0) bytes = kProbeBytes;
   MK_CUDA_CHECK(cudaSetDevice(device));
   cudaDeviceProp prop{};
@@ -291,22 +293,31 @@ StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>& configs, size_
   StreamProbeRun run;
   run.device = prop.name;
   run.buffer_bytes = bytes;
+  run.buffers = buffers;
   run.read_gbs_before = measure_read_bandwidth(bytes, device);
   {
-    DeviceBuffer buf(bytes), sink(sizeof(uint32_t));
-    // why not zeros: never time on zeros (METHOD.md)
-    MK_CUDA_CHECK(cudaMemset(buf.p, 0x5a, bytes));
+    std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+    for (int b = 0; b < buffers; ++b) {
+      bufs.push_back(std::make_unique<DeviceBuffer>(bytes));
+      // why not zeros: never time on zeros (METHOD.md)
+      MK_CUDA_CHECK(cudaMemset(bufs.back()->p, 0x5a, bytes));
+    }
+    DeviceBuffer sink(sizeof(uint32_t));
     const int grid = sm_count(device);
     Stream stream;
     for (const auto& c : configs) {
-      StreamProbeRecord r;
-      r.config = c;
-      const ProbeParams p = params_for(c, buf.p, bytes, static_cast<uint32_t*>(sink.p), &r.bytes);
-      Graph g;
-      capture(g, stream.s, [&] { launch_probe(p, smem_of(c), grid, stream.s); });
-      r.us = time_graph(g, stream.s, 15, 2);
-      r.gbs = static_cast<double>(r.bytes) / (r.us * 1e3);
-      run.records.push_back(r);
+      for (int b = 0; b < buffers; ++b) {
+        StreamProbeRecord r;
+        r.config = c;
+        r.buffer = b;
+        const ProbeParams p =
+            params_for(c, bufs[b]->p, bytes, static_cast<uint32_t*>(sink.p), &r.bytes);
+        Graph g;
+        capture(g, stream.s, [&] { launch_probe(p, smem_of(c), grid, stream.s); });
+        r.us = time_graph(g, stream.s, 15, 2);
+        r.gbs = static_cast<double>(r.bytes) / (r.us * 1e3);
+        run.records.push_back(r);
+      }
     }
   }
   run.read_gbs_after = measure_read_bandwidth(bytes, device);
