@@ -25,6 +25,7 @@
 #include "common/random_values.h"
 #include "cuda/bench/graph_timing.h"
 #include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
 #include "cuda/layer/random_fill.h"
 #include "cuda/layer/trace.cuh"
 #include "moekit/cuda_layer.h"
@@ -148,31 +149,20 @@ double measure_read_bandwidth(size_t bytes, int device) {
   MK_CUDA_CHECK(cudaSetDevice(device));
   bytes = bytes / 16 * 16;
   MK_CHECK(bytes >= 16, "read bandwidth buffer too small: " << bytes << " bytes");
-  void* buf = nullptr;
-  uint32_t* sink = nullptr;
-  MK_CUDA_CHECK(cudaMalloc(&buf, bytes));
-  try {
-    MK_CUDA_CHECK(cudaMalloc(&sink, sizeof(uint32_t)));
-    // why not zeros: never time on zeros (METHOD.md); any non-zero pattern will do
-    MK_CUDA_CHECK(cudaMemset(buf, 0x5a, bytes));
-    int sms = 0;
-    MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    Stream stream;
-    Graph g;
-    capture(g, stream.s, [&] {
-      read_kernel<<<sms * 4, kReadThreads, 0, stream.s>>>(static_cast<const uint4*>(buf),
-                                                          bytes / 16, sink);
-      MK_CUDA_CHECK_LAUNCH();
-    });
-    const double us = time_graph(g, stream.s, 21, 3);
-    MK_CUDA_CHECK(cudaFree(buf));
-    MK_CUDA_CHECK(cudaFree(sink));
-    return static_cast<double>(bytes) / (us * 1e3);
-  } catch (...) {
-    (void)cudaFree(buf);
-    if (sink) (void)cudaFree(sink);
-    throw;
-  }
+  DeviceBuffer buf(bytes), sink(sizeof(uint32_t));
+  // why not zeros: never time on zeros (METHOD.md); any non-zero pattern will do
+  MK_CUDA_CHECK(cudaMemset(buf.ptr, 0x5a, bytes));
+  int sms = 0;
+  MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  Stream stream;
+  Graph g;
+  capture(g, stream.s, [&] {
+    read_kernel<<<sms * 4, kReadThreads, 0, stream.s>>>(buf.as<const uint4>(), bytes / 16,
+                                                        sink.as<uint32_t>());
+    MK_CUDA_CHECK_LAUNCH();
+  });
+  const double us = time_graph(g, stream.s, 21, 3);
+  return static_cast<double>(bytes) / (us * 1e3);
 }
 
 std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose) {

@@ -34,6 +34,7 @@
 
 #include "cuda/bench/graph_timing.h"
 #include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
 #include "cuda/experts/bulk_copy.cuh"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
@@ -188,12 +189,6 @@ void launch_probe(const ProbeParams& p, int smem, int grid, cudaStream_t stream)
   MK_CUDA_CHECK_LAUNCH();
 }
 
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) { MK_CUDA_CHECK(cudaMalloc(&p, bytes)); }
-  ~DeviceBuffer() { MK_CUDA_WARN(cudaFree(p)); }
-};
-
 }  // namespace
 
 void check_stream_probe_config(const StreamProbeConfig& c) {
@@ -268,13 +263,13 @@ uint32_t stream_probe_checksum(const StreamProbeConfig& c, const void* data, siz
   StreamProbeConfig cr = c;
   cr.read = true;
   DeviceBuffer x(sizeof(uint32_t));
-  MK_CUDA_CHECK(cudaMemset(x.p, 0, sizeof(uint32_t)));
+  MK_CUDA_CHECK(cudaMemset(x.ptr, 0, sizeof(uint32_t)));
   int device = 0;
   MK_CUDA_CHECK(cudaGetDevice(&device));
-  launch_probe(params_for(cr, data, bytes, static_cast<uint32_t*>(x.p), covered), smem_of(cr),
+  launch_probe(params_for(cr, data, bytes, x.as<uint32_t>(), covered), smem_of(cr),
                sm_count(device), nullptr);
   uint32_t h = 0;
-  MK_CUDA_CHECK(cudaMemcpy(&h, x.p, sizeof h, cudaMemcpyDeviceToHost));
+  MK_CUDA_CHECK(cudaMemcpy(&h, x.ptr, sizeof h, cudaMemcpyDeviceToHost));
   return h;
 }
 
@@ -300,7 +295,7 @@ StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>& configs, size_
     for (int b = 0; b < buffers; ++b) {
       bufs.push_back(std::make_unique<DeviceBuffer>(bytes));
       // why not zeros: never time on zeros (METHOD.md)
-      MK_CUDA_CHECK(cudaMemset(bufs.back()->p, 0x5a, bytes));
+      MK_CUDA_CHECK(cudaMemset(bufs.back()->ptr, 0x5a, bytes));
     }
     DeviceBuffer sink(sizeof(uint32_t));
     const int grid = sm_count(device);
@@ -311,7 +306,7 @@ StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>& configs, size_
         r.config = c;
         r.buffer = b;
         const ProbeParams p =
-            params_for(c, bufs[b]->p, bytes, static_cast<uint32_t*>(sink.p), &r.bytes);
+            params_for(c, bufs[b]->ptr, bytes, sink.as<uint32_t>(), &r.bytes);
         Graph g;
         capture(g, stream.s, [&] { launch_probe(p, smem_of(c), grid, stream.s); });
         r.us = time_graph(g, stream.s, 15, 2);

@@ -249,21 +249,17 @@ int resident_grid(void (*fn)(Params...), int threads, int smem, const char* what
 
 int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) {
   const Variant v = kernel_for(kind, chunk, stream_kind, k);
-  const int smem = smem_bytes(stream_kind, chunk);
-  const int grid = resident_grid(v.fn, v.threads, smem, "expert kernel", chunk);
-  // the split-row instance (launch_experts picks it by ExpertsParams::weight_copy_pieces) needs
-  // its own shared-memory limit raised; its resources are the same instance's otherwise
-  const Variant split = kernel_for(kind, chunk, stream_kind, k, true);
-  if (split.fn != v.fn) {
-    MK_CHECK(resident_grid(split.fn, split.threads, smem, "expert kernel", chunk) == grid,
-             "the split-row expert kernel's resident grid differs from its one-copy twin's");
-  }
-  // ... and so does the down kernel's deep-ring instance, whose ring is a few KB larger
-  const Variant deep = kernel_for(kind, chunk, stream_kind, k, false, true);
-  if (deep.fn != v.fn) {
-    MK_CHECK(resident_grid(deep.fn, deep.threads, smem_bytes(stream_kind, chunk, true),
+  const int grid =
+      resident_grid(v.fn, v.threads, smem_bytes(stream_kind, chunk), "expert kernel", chunk);
+  // The instances launch_experts may pick instead (ExpertsParams::weight_copy_pieces, deep_ring)
+  // need their own shared-memory limits raised, and run on the same grid.
+  for (const bool deep : {false, true}) {
+    const Variant twin = kernel_for(kind, chunk, stream_kind, k, !deep, deep);
+    if (twin.fn == v.fn) continue;
+    MK_CHECK(resident_grid(twin.fn, twin.threads, smem_bytes(stream_kind, chunk, deep),
                            "expert kernel", chunk) == grid,
-             "the deep-ring expert kernel's resident grid differs from its twin's");
+             "the " << (deep ? "deep-ring" : "split-row")
+                    << " expert kernel's resident grid differs from its twin's");
   }
   return grid;
 }

@@ -11,6 +11,7 @@
 
 #include "common/random_values.h"
 #include "cuda/cuda_check.h"
+#include "cuda/device_buffer.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "moekit/error.h"
 #include "moekit/router_gemm.h"
@@ -19,15 +20,6 @@
 namespace moekit::cuda {
 
 namespace {
-
-// RAII device buffer.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { MK_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(bytes, 16))); }
-  ~DeviceBuffer() { MK_CUDA_WARN(cudaFree(ptr)); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 struct StreamGuard {
   cudaStream_t s = nullptr;
