@@ -97,6 +97,7 @@ class GpuMoeLayer {
 struct GpuDispatch {
   std::vector<int> pair_list;   // [tokens * slots], grouped by expert
   std::vector<int> task_expert, task_begin, task_count;
+  std::vector<int> task_more;   // 1: the next task holds more tokens of the same expert
   int num_tasks = 0;
   int num_shared_tasks = 0;
   bool id_out_of_range = false;

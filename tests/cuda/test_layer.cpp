@@ -647,6 +647,22 @@ TEST(GpuLayerSmall, BulkDownDeepRing) {
                                FuseShared::Auto, 70);
 }
 
+// The bulk kernels' instances that keep weight rows read again by the expert's next task in L2
+// (experts_l2_keep, forced here from 1 token at this small hidden size): a cache hint only, so
+// bit for bit the same output; at 40 tokens over 16 experts most experts have two tasks, and the
+// fused shared expert five; fused and unfused (the shared MLP's own tasks also re-read it).
+TEST(GpuLayerSmall, BulkL2KeepForExpertsWithSeveralTasks) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3", 256, 16, 256);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 29);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 40;
+  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+    expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_KEEP_FROM", "0", "1",
+                                 {1, 9, 40}, fuse, 80);
+  }
+}
+
 // ---- routing + dispatch alone, on constructed logits ----
 
 // Tie-free logits: a per-token permutation of evenly spaced values (0.05 apart).
@@ -686,6 +702,8 @@ void check_dispatch(const Routing& r, const cuda::GpuDispatch& d, int rows, int 
       ASSERT_EQ(r.ids[q], d.task_expert[i]) << what << ": task " << i << " holds pair " << q;
     }
     covered += d.task_count[i];
+    const bool next_same = i + 1 < d.num_tasks && d.task_expert[i + 1] == d.task_expert[i];
+    EXPECT_EQ(d.task_more[i], next_same ? 1 : 0) << what << ": task " << i;
   }
   EXPECT_EQ(covered, pairs) << what;
   EXPECT_EQ(d.num_shared_tasks, (r.tokens + chunk - 1) / chunk) << what;
@@ -868,6 +886,24 @@ TEST(ExpertsVariant, DownDeepRingOnlyUpToTheLimitAndFor2KBRows) {
   EXPECT_FALSE(cuda::experts_down_deep_ring(1, 768, 0));   // turned off
   EXPECT_FALSE(cuda::experts_down_deep_ring(1, 1536, 8));  // 3 KB rows: the wide ring
   EXPECT_FALSE(cuda::experts_down_deep_ring(1, 2048, 8));  // DeepSeek-V3: split copies instead
+}
+
+TEST(ExpertsVariant, L2KeepFromParsesATokenCountAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_L2_KEEP_FROM");
+  EXPECT_EQ(cuda::experts_l2_keep_from_tokens(), -1);
+  expect_env_int_knob("MOEKIT_EXPERTS_L2_KEEP_FROM", cuda::experts_l2_keep_from_tokens,
+                      {0, 1, 64}, {"-1", "on"}, "a token count, 0 (never) to 1048576");
+}
+
+TEST(ExpertsVariant, L2KeepFrom64TokensForWideHiddenOnlyUnlessForced) {
+  EXPECT_TRUE(cuda::experts_l2_keep(128, 7168, 8, -1));    // DeepSeek-V3, Kimi-K2
+  EXPECT_TRUE(cuda::experts_l2_keep(64, 5120, 8, -1));     // GLM-4.5
+  EXPECT_FALSE(cuda::experts_l2_keep(32, 7168, 8, -1));    // too few tokens
+  EXPECT_FALSE(cuda::experts_l2_keep(256, 2048, 8, -1));   // Qwen3-30B-A3B: lost 4-5% at 256
+  EXPECT_FALSE(cuda::experts_l2_keep(512, 7168, 16, -1));  // chunk 16: not measured
+  EXPECT_TRUE(cuda::experts_l2_keep(1, 256, 8, 1));        // forced from 1 token, any hidden
+  EXPECT_FALSE(cuda::experts_l2_keep(128, 7168, 8, 0));    // forced off
+  EXPECT_FALSE(cuda::experts_l2_keep(512, 7168, 16, 1));   // chunk 16 even when forced
 }
 
 TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {

@@ -7,7 +7,8 @@
 // --in-step, after a stand-in for the previous layer's expert kernel, with PDL). Each
 // candidate's output is checked against the naive kernel before its time counts. The choice rule
 // (ours only where it beats cuBLAS by 3% at both ends of every M segment) is
-// tuning::select_router_gemm_rows (src/tuning/router_gemm_select.h).
+// tuning::select_router_gemm_rows (src/tuning/router_gemm_select.h). The JSON form also lists
+// every candidate's time per shape and M, fastest first ("measured").
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -124,6 +125,8 @@ int run_tune(const TuneOptions& o) {
   ProgressBar bar(total);
   nlohmann::json rows_json = nlohmann::json::array();
   nlohmann::json rejected = nlohmann::json::array();
+  // every timed candidate per shape and M, fastest first: why the table chose what it chose
+  nlohmann::json measured = nlohmann::json::array();
   std::vector<RouterGemmRow> rows;
   for (size_t si = 0; si < shapes.size(); ++si) {
     const RouterGemmShape& shape = shapes[si];
@@ -165,6 +168,13 @@ int run_tune(const TuneOptions& o) {
       }
       MK_CHECK(!times.empty(), "tune: no candidate ran on " << tuning::describe(shape)
                                                              << " M=" << m);
+      std::vector<tuning::RouterGemmTiming> by_time = times;
+      std::sort(by_time.begin(), by_time.end(),
+                [](const auto& a, const auto& b) { return a.us < b.us; });
+      nlohmann::json list = nlohmann::json::array();
+      for (const tuning::RouterGemmTiming& t : by_time)
+        list.push_back({{"config", tuning::describe(t.config)}, {"us", t.us}});
+      measured.push_back({{"shape", tuning::describe(shape)}, {"m", m}, {"candidates", list}});
       per_m[m] = std::move(times);
     }
     std::vector<tuning::RouterGemmSegment> segs;
@@ -227,7 +237,8 @@ int run_tune(const TuneOptions& o) {
                           {"date", now_utc_iso()},
                           {"command", cmd.str()},
                           {"rows", rows_json},
-                          {"rejected", rejected}};
+                          {"rejected", rejected},
+                          {"measured", measured}};
     text = doc.dump(1) + "\n";
   } else {
     text = inc_text();

@@ -75,7 +75,8 @@ __device__ __forceinline__ int write_shared_tasks_zero_tiles(const RoutingParams
   if (p.shared_tasks != nullptr) {
 #pragma unroll 1
     for (int c = tid; c < shared_chunks; c += nthreads) {
-      p.shared_tasks[c] = ExpertTask{0, c * chunk, min(chunk, p.tokens - c * chunk), 0};
+      p.shared_tasks[c] = ExpertTask{0, c * chunk, min(chunk, p.tokens - c * chunk),
+                                     (c + 1) * chunk < p.tokens ? 1 : 0};
     }
   }
 #pragma unroll 1
@@ -134,7 +135,8 @@ __device__ __forceinline__ void align_block(const RoutingParams& p, const int* l
     cursor[e] = pair_base;
 #pragma unroll 1
     for (int c = 0; c * chunk < n; ++c) {
-      p.tasks[task_base++] = ExpertTask{e, pair_base + c * chunk, min(chunk, n - c * chunk), 0};
+      p.tasks[task_base++] =
+          ExpertTask{e, pair_base + c * chunk, min(chunk, n - c * chunk), (c + 1) * chunk < n};
     }
     pair_base += n;
   }
@@ -195,7 +197,8 @@ __device__ __forceinline__ void align_small(const RoutingParams& p, const int* l
   if (valid) p.pair_list[pairs_before + __popc(peers & below)] = lane;
 #pragma unroll 1
   for (int c = 0; c < my_tasks; ++c) {
-    p.tasks[tasks_before + c] = ExpertTask{e, pairs_before + c * chunk, min(chunk, n - c * chunk), 0};
+    p.tasks[tasks_before + c] =
+        ExpertTask{e, pairs_before + c * chunk, min(chunk, n - c * chunk), (c + 1) * chunk < n};
   }
   if (p.task_done != nullptr && lane < total_tasks) p.task_done[lane] = 0;
   if (lane == 0) publish_counts(p, total_tasks, shared_chunks);

@@ -60,6 +60,14 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   return policy;
 }
 
+// An L2 policy of normal priority: lines a copy brings in outlive the evict_first stream around
+// them (for rows read again soon, ExpertsParams::l2_keep).
+__device__ __forceinline__ uint64_t l2_evict_normal_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 // bulk_copy with an L2 cache policy (l2_evict_first_policy) for the lines it reads.
 __device__ __forceinline__ void bulk_copy_hinted(void* dst, const void* src, uint32_t bytes,
                                                  uint64_t* bar, uint64_t policy) {

@@ -67,7 +67,7 @@ constexpr int kDown4MaxBlocks = 4 * 4;
 // split_rows: the bulk down kernel's instance that copies weight rows in two halves; deep: its
 // deep-ring instance (chunk 8).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
-                   bool split_rows = false, bool deep = false) {
+                   bool split_rows = false, bool deep = false, bool keep = false) {
   const bool gate_up = kind == ExpertsKind::GateUp;
   MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
                                           << " (expected 8 or 16)");
@@ -77,6 +77,11 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
       if (chunk == 8) {
         if (!gate_up && deep) return {experts_bulk_kernel<false, 1, false, true>, kBulkThreads};
         if (!gate_up && split_rows) return {experts_bulk_kernel<false, 1, true>, kBulkThreads};
+        if (keep) {
+          return {gate_up ? experts_bulk_kernel<true, 1, false, false, true>
+                          : experts_bulk_kernel<false, 1, false, false, true>,
+                  kBulkThreads};
+        }
         return {gate_up ? experts_bulk_kernel<true, 1> : experts_bulk_kernel<false, 1>,
                 kBulkThreads};
       }
@@ -191,6 +196,25 @@ bool experts_down_deep_ring(int tokens, int k, int deep_tokens) {
   return tokens <= deep_tokens && k <= 1024;
 }
 
+int experts_l2_keep_from_tokens() {
+  return env_int_in_range("MOEKIT_EXPERTS_L2_KEEP_FROM", -1, 0, 1 << 20,
+                          "a token count, 0 (never) to 1048576");
+}
+
+bool experts_l2_keep(int tokens, int hidden, int chunk, int forced_from) {
+  if (chunk != 8) return false;  // why: measured at chunk 8 (<= 256 tokens) only
+  if (forced_from >= 0) return forced_from > 0 && tokens >= forced_from;
+  // Measured on the H200 (bench/results/h200/2026-11-30-s11-experiments, runs 1-3, same run
+  // against the kernels without it): DeepSeek-V3 T=128 -1.9..-2.5%, T=256 -6.3..-7.8%, T=64
+  // -0.6%, T=1 and 32 equal; Kimi-K2 T=128 -1.3%, T=256 -4.2%; GLM-4.5 T=128 -4.6%, T=256
+  // -5.2%; but Qwen3-30B-A3B T=256 +4.4..+5% (T=128 within 0.5%). Why the hidden size: a task's
+  // gate/up item is 16 weight rows of `hidden` bf16, and ~132 CTAs stream one item each between
+  // a row's two reads: ~30 MB at 7168 (the evict-first lines are gone by the second read), ~21
+  // MB at 5120, ~8 MB at 2048 (they survive anyway, and rows kept at normal priority then only
+  // crowd out h and the partials). 4096 (~17 MB) is unmeasured: left off.
+  return tokens >= 64 && hidden >= 5120;
+}
+
 int experts_shared_first_tokens() {
   // Measured on the H200, DeepSeek-V3 fused, same run (bench/results/h200/2026-11-30-s7-
   // experiments): shared items first, T=1 205.5 -> 199.1 us, T=8 1197.5 -> 1182.7, T=32 3306.7
@@ -261,13 +285,19 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
              "the " << (deep ? "deep-ring" : "split-row")
                     << " expert kernel's resident grid differs from its twin's");
   }
+  const Variant keeper = kernel_for(kind, chunk, stream_kind, k, false, false, true);
+  MK_CHECK(keeper.fn == v.fn || resident_grid(keeper.fn, keeper.threads,
+                                              smem_bytes(stream_kind, chunk), "expert kernel",
+                                              chunk) == grid,
+           "the L2-keeping expert kernel's resident grid differs from its twin's");
   return grid;
 }
 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
   const bool deep = kind == ExpertsKind::Down && p.deep_ring != 0 && chunk == 8;
-  const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2, deep);
+  const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2, deep,
+                               p.l2_keep != 0);
   launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk, deep), stream, p);
 }
 

@@ -45,6 +45,11 @@ struct ExpertsParams {
   // bulk down kernel at chunk 8: 1 for the ring of 4 stages of 2 KB chunks instead of 2 of 4 KB
   // (its own kernel instance; why: experts_down_deep_tokens), else 0
   int deep_ring = 0;
+  // bulk kernels at chunk 8: 1 for their instance that copies the weight rows of a task whose
+  // expert has a next task (ExpertTask::more: that task's item reads the same rows next) with
+  // normal L2 priority instead of evict-first (why: experts_l2_keep), else 0. The split-row and
+  // deep-ring instances take precedence (they exist at <= 8 tokens, where no task has a next).
+  int l2_keep = 0;
   // bulk gate/up with the shared experts fused: their number S (ids first_shared_expert..+S-1,
   // slots top_k..top_k+S-1 of every token; tokens and slots below), whose items are issued
   // before the kernel waits for the dispatch (they need nothing from it); 0: none early
@@ -105,6 +110,14 @@ int experts_down_deep_tokens();
 // Whether the bulk down kernel takes the deep ring at `tokens` tokens for a reduction length of
 // `k` (the expert width): tokens <= deep_tokens and a row fits one 2 KB chunk (k <= 1024).
 bool experts_down_deep_ring(int tokens, int k, int deep_tokens);
+// The fewest tokens at which the bulk kernels keep re-read weight rows in L2, forced for every
+// hidden size: MOEKIT_EXPERTS_L2_KEEP_FROM=N when set (0: never), else -1 (the measured rule of
+// experts_l2_keep). Read at each call; layers call once, at creation.
+int experts_l2_keep_from_tokens();
+// ExpertsParams::l2_keep for a forward of `tokens` tokens at `chunk` tokens per task through
+// experts whose gate/up reduction length is `hidden`: with forced_from >= 0 (the variable set),
+// tokens >= forced_from > 0; else tokens >= 64 and hidden >= 5120. Chunk 8 only.
+bool experts_l2_keep(int tokens, int hidden, int chunk, int forced_from);
 // The most tokens at which the bulk gate/up kernel issues the fused shared experts' items before
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.

@@ -108,7 +108,7 @@ struct BulkItem {
   int chunk;  // k chunk of this stage
   int down;   // fused kernel: 1 for a down item, 0 for gate/up
   int task;   // task id (the fused kernel's gate/up completion counter)
-  int pad;    // 96 bytes: the barriers after the records stay 8-byte aligned
+  int more;   // kKeep: ExpertTask::more of the item's task (also: 96 bytes, barriers stay aligned)
   int pairs[16];  // pair ids of the task's tokens (rows of h / partial)
 };
 constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
@@ -223,8 +223,11 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // and the next kernel launches only once every CTA has passed its trigger (all were resident).
 // kNT: n-tiles of 8 tokens per task. kSplitRows: 4 KB row chunks copied in two halves
 // (a template parameter, not a runtime test: any code for it slowed the one-copy kernels).
-// kDeep: the ring BulkShape<kNT, true>.
-template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false>
+// kDeep: the ring BulkShape<kNT, true>. kKeep: the weight rows of a task whose expert has a next
+// task (ExpertTask::more) are copied with normal L2 priority instead of evict-first, so that the
+// next task's item reads them from L2 (a template parameter for the same reason as kSplitRows:
+// its code as a runtime choice cost Qwen3-30B-A3B 1-2% with the choice off, session 11).
+template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done, int order) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
@@ -301,6 +304,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   // bulk copy once per active lane). Weights and/or activations (down: activations only after
   // pdl_wait, fused: after the task's gate/up items).
   const uint64_t weight_policy = l2_evict_first_policy();
+  const uint64_t keep_policy = kKeep ? l2_evict_normal_policy() : weight_policy;
   auto issue_copies = [&](int s, const BulkItem& m, bool weights, bool acts) {
     // the record's words, each read by the lane that wrote it (arm_stage: lane 0 the fields,
     // lane j < 16 pair j) and shuffled: racecheck does not take the __syncwarp between one
@@ -311,10 +315,13 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       rec[1] = m.tile;
       rec[2] = m.count;
       rec[3] = m.chunk;
-      rec[4] = m.down;
+      rec[4] = kKeep ? m.down | (m.more << 1) : m.down;  // kKeep: `more` rides in bit 1
     }
 #pragma unroll
     for (int i = 0; i < 5; ++i) rec[i] = __shfl_sync(0xffffffffu, rec[i], 0);
+    // kKeep: the next item reads these weight rows again (the expert's next task): keep them
+    const uint64_t policy = kKeep && (rec[4] & 2) != 0 ? keep_policy : weight_policy;
+    if (kKeep) rec[4] &= 1;
     const int expert = rec[0], tile = rec[1], count = rec[2], chunk = rec[3];
     int own_pair = 0;
     if (lane < 16) own_pair = m.pairs[lane];
@@ -344,11 +351,11 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
           // two 2 KB copies of a 4 KB row chunk (experts.h, ExpertsParams::weight_copy_pieces;
           // why not shorter chunks: 1.5 KB copies of 3 KB rows were slower, session 10)
           const uint32_t half = row_bytes / 2;
-          bulk_copy_hinted(dst, src, half, &full[s], weight_policy);
+          bulk_copy_hinted(dst, src, half, &full[s], policy);
           bulk_copy_hinted(static_cast<char*>(dst) + half, src + half / 2, half, &full[s],
-                           weight_policy);
+                           policy);
         } else {
-          bulk_copy_hinted(dst, src, row_bytes, &full[s], weight_policy);
+          bulk_copy_hinted(dst, src, row_bytes, &full[s], policy);
         }
       } else {
         bulk_copy(dst, src, row_bytes, &full[s]);
@@ -368,6 +375,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       m.chunk = c;
       m.down = down;
       m.task = it.task_id;
+      if (kKeep) m.more = it.task.more;
       const int blocks = min(kChunkBlocks, nkb - c * kChunkBlocks);
       const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
       mbar_arrive_expect_tx(&full[s], row_bytes * (kBulkWeightRows + it.task.count));
@@ -399,7 +407,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         const int pt = item - it.tile * pre_tasks;
         const int shared = pt / pre_chunks, first = (pt - shared * pre_chunks) * chunk_tokens;
         it.task = ExpertTask{gu.first_shared_expert + shared, 0,
-                             min(chunk_tokens, gu.tokens - first), 0};
+                             min(chunk_tokens, gu.tokens - first),
+                             kKeep && first + chunk_tokens < gu.tokens ? 1 : 0};
         it.task_id = 0;
         it.item = item;
         it.down = false;
@@ -528,7 +537,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         it.task.expert = __shfl_sync(0xffffffffu, lane_task.expert, task);
         it.task.begin = __shfl_sync(0xffffffffu, lane_task.begin, task);
         it.task.count = __shfl_sync(0xffffffffu, lane_task.count, task);
-        it.task.pad = 0;
+        it.task.more = kKeep ? __shfl_sync(0xffffffffu, lane_task.more, task) : 0;
       } else {
         it.task = dp.tasks[task];
       }
@@ -808,10 +817,11 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 }
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
-// kSplitRows and kDeep as experts_bulk_body.
-template <bool kGateUp, int kNT, bool kSplitRows = false, bool kDeep = false>
+// kSplitRows, kDeep and kKeep as experts_bulk_body.
+template <bool kGateUp, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
-  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kDeep>(p, p, nullptr, 0);
+  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kDeep, kKeep>(p, p, nullptr,
+                                                                                    0);
 }
 
 // Gate/up and down in one persistent grid (grid <= resident CTAs; task_done zeroed by the

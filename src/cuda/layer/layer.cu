@@ -100,6 +100,7 @@ struct GpuMoeLayer::Impl {
   int whole_tile_tokens = 0;                   // the bulk down's MOEKIT_EXPERTS_WHOLE_TILES
   int down_split_tokens = 0;                   // ... its MOEKIT_EXPERTS_DOWN_SPLIT
   int down_deep_tokens = 0;                    // ... its MOEKIT_EXPERTS_DOWN_DEEP
+  int l2_keep_from = -1;                       // the bulk kernels' MOEKIT_EXPERTS_L2_KEEP_FROM
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -324,6 +325,7 @@ struct GpuMoeLayer::Impl {
     whole_tile_tokens = experts_whole_tile_tokens();
     down_split_tokens = experts_down_split_tokens();
     down_deep_tokens = experts_down_deep_tokens();
+    l2_keep_from = experts_l2_keep_from_tokens();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -365,9 +367,11 @@ struct GpuMoeLayer::Impl {
     return false;
   }
 
-  ExpertsParams experts_common() const {
+  // l2_keep: ExpertsParams::l2_keep of this forward (experts_l2_keep)
+  ExpertsParams experts_common(int l2_keep) const {
     ExpertsParams p;
     p.dynamic_tail_percent = dynamic_tail_percent;
+    p.l2_keep = l2_keep;
     p.activation = spec.activation;
     p.limit = spec.swiglu_limit;
     p.alpha = spec.swiglu_alpha;
@@ -383,6 +387,7 @@ struct GpuMoeLayer::Impl {
     const int s_run = fused ? S : 0;
     const int slots = K + s_run;
     const int chunk = experts_chunk(tokens);
+    const int l2_keep = experts_l2_keep(tokens, H, chunk, l2_keep_from) ? 1 : 0;
     const int ci = chunk == 8 ? 0 : 1;  // experts_chunk gives 8 or 16
     const ExpertsStream sk = kind_for(tokens);
     const int vi = static_cast<int>(sk);
@@ -427,7 +432,7 @@ struct GpuMoeLayer::Impl {
 
     // 2a/2b. unfused shared MLP as its own GEMMs: one dense "expert" of width Is
     if (shared_unfused) {
-      ExpertsParams g = experts_common();
+      ExpertsParams g = experts_common(l2_keep);
       g.w = shared_w13.as<__nv_bfloat16>();
       g.inter = Is;
       g.rows = Is;
@@ -443,7 +448,7 @@ struct GpuMoeLayer::Impl {
       g.h = shared_h.as<__nv_bfloat16>();
       launch_experts(ExpertsKind::GateUp, chunk, sk, g, grid[vi][0][ci], st);
 
-      ExpertsParams d = experts_common();
+      ExpertsParams d = experts_common(l2_keep);
       d.w = shared_w2.as<__nv_bfloat16>();
       d.inter = Is;
       d.rows = H;
@@ -461,7 +466,7 @@ struct GpuMoeLayer::Impl {
     }
 
     // 3. routed (+ fused shared) gate/up
-    ExpertsParams g = experts_common();
+    ExpertsParams g = experts_common(l2_keep);
     g.w = w13.as<__nv_bfloat16>();
     g.w_expert_stride = static_cast<long long>(2) * I * H;
     g.bias = spec.has_expert_bias ? b13.as<float>() : nullptr;
@@ -487,7 +492,7 @@ struct GpuMoeLayer::Impl {
     }
 
     // 4. down + weighted combine (Persistent: one launch with gate/up)
-    ExpertsParams d = experts_common();
+    ExpertsParams d = experts_common(l2_keep);
     d.w = w2.as<__nv_bfloat16>();
     d.w_expert_stride = static_cast<long long>(H) * I;
     d.bias = spec.has_expert_bias ? b2.as<float>() : nullptr;

@@ -17,7 +17,8 @@ struct ExpertTask {
   int expert;
   int begin;
   int count;
-  int pad;
+  int more;  // 1: the next task holds more tokens of the same expert (the expert kernels may keep
+             // its weight rows in L2 for it, ExpertsParams::l2_keep), else 0
 };
 
 // Counters the expert kernels use; zeroed by the align step of every forward so that a graph

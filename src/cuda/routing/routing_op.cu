@@ -129,10 +129,12 @@ Routing route_on_device(const RoutingConfig& cfg, const float* logits, int token
     dispatch->task_expert.clear();
     dispatch->task_begin.clear();
     dispatch->task_count.clear();
+    dispatch->task_more.clear();
     for (const ExpertTask& t : tasks) {
       dispatch->task_expert.push_back(t.expert);
       dispatch->task_begin.push_back(t.begin);
       dispatch->task_count.push_back(t.count);
+      dispatch->task_more.push_back(t.more);
     }
   }
   return r;
