@@ -895,10 +895,11 @@ TEST(ExpertsVariant, L2KeepFromParsesATokenCountAndNamesABadOne) {
                       {0, 1, 64}, {"-1", "on"}, "a token count, 0 (never) to 1048576");
 }
 
-TEST(ExpertsVariant, L2KeepFrom64TokensForWideHiddenOnlyUnlessForced) {
+TEST(ExpertsVariant, L2KeepFrom32TokensForWideHiddenOnlyUnlessForced) {
   EXPECT_TRUE(cuda::experts_l2_keep(128, 7168, 8, -1));    // DeepSeek-V3, Kimi-K2
-  EXPECT_TRUE(cuda::experts_l2_keep(64, 5120, 8, -1));     // GLM-4.5
-  EXPECT_FALSE(cuda::experts_l2_keep(32, 7168, 8, -1));    // too few tokens
+  EXPECT_TRUE(cuda::experts_l2_keep(32, 5120, 8, -1));     // GLM-4.5
+  EXPECT_FALSE(cuda::experts_l2_keep(31, 7168, 8, -1));    // too few tokens
+  EXPECT_FALSE(cuda::experts_l2_keep(128, 4096, 8, -1));   // Qwen3-235B-A22B: +7.8% at 256
   EXPECT_FALSE(cuda::experts_l2_keep(256, 2048, 8, -1));   // Qwen3-30B-A3B: lost 4-5% at 256
   EXPECT_FALSE(cuda::experts_l2_keep(512, 7168, 16, -1));  // chunk 16: not measured
   EXPECT_TRUE(cuda::experts_l2_keep(1, 256, 8, 1));        // forced from 1 token, any hidden

@@ -204,15 +204,17 @@ int experts_l2_keep_from_tokens() {
 bool experts_l2_keep(int tokens, int hidden, int chunk, int forced_from) {
   if (chunk != 8) return false;  // why: measured at chunk 8 (<= 256 tokens) only
   if (forced_from >= 0) return forced_from > 0 && tokens >= forced_from;
-  // Measured on the H200 (bench/results/h200/2026-11-30-s11-experiments, runs 1-3, same run
-  // against the kernels without it): DeepSeek-V3 T=128 -1.9..-2.5%, T=256 -6.3..-7.8%, T=64
-  // -0.6%, T=1 and 32 equal; Kimi-K2 T=128 -1.3%, T=256 -4.2%; GLM-4.5 T=128 -4.6%, T=256
-  // -5.2%; but Qwen3-30B-A3B T=256 +4.4..+5% (T=128 within 0.5%). Why the hidden size: a task's
-  // gate/up item is 16 weight rows of `hidden` bf16, and ~132 CTAs stream one item each between
-  // a row's two reads: ~30 MB at 7168 (the evict-first lines are gone by the second read), ~21
-  // MB at 5120, ~8 MB at 2048 (they survive anyway, and rows kept at normal priority then only
-  // crowd out h and the partials). 4096 (~17 MB) is unmeasured: left off.
-  return tokens >= 64 && hidden >= 5120;
+  // Measured on the H200 (bench/results/h200/2026-11-30-s11-experiments, runs 1-6, same run
+  // against the kernels without it): DeepSeek-V3 T=128 -1.9..-2.5%, T=256 -6.3..-7.8%, T=32-64
+  // -0.3..-0.6%; Kimi-K2 T=128 -1.1..-1.3%, T=256 -4.2..-5.0%; GLM-4.5 T=32 -1.4%, T=128 -4.6%,
+  // T=256 -5.2%; GLM-5 T=32 -0.4%, T=128 -2.3%, T=256 -7.0%; MiniMax-M3 T=32 -1.0%, T=128 -3.3%,
+  // T=256 -4.3%. But Qwen3-30B-A3B (2048) T=256 +4.4..+5%, Qwen3-235B-A22B (4096) T=256 +7.8%,
+  // Mixtral-8x7B (4096) +16..22%; MiniMax-M2 (3072) and gpt-oss-120b (2880) gain <= 1.4%. Why
+  // the hidden size: a task's gate/up item is 16 weight rows of `hidden` bf16, and ~132 CTAs
+  // stream one item each between a row's two reads: ~30 MB at 7168, ~21 MB at 5120 (the
+  // evict-first lines are gone by the second read), ~8 MB at 2048 (they survive anyway, and
+  // rows held at normal priority then only crowd out h and the partials).
+  return tokens >= 32 && hidden >= 5120;
 }
 
 int experts_shared_first_tokens() {

@@ -116,7 +116,7 @@ bool experts_down_deep_ring(int tokens, int k, int deep_tokens);
 int experts_l2_keep_from_tokens();
 // ExpertsParams::l2_keep for a forward of `tokens` tokens at `chunk` tokens per task through
 // experts whose gate/up reduction length is `hidden`: with forced_from >= 0 (the variable set),
-// tokens >= forced_from > 0; else tokens >= 64 and hidden >= 5120. Chunk 8 only.
+// tokens >= forced_from > 0; else tokens >= 32 and hidden >= 5120. Chunk 8 only.
 bool experts_l2_keep(int tokens, int hidden, int chunk, int forced_from);
 // The most tokens at which the bulk gate/up kernel issues the fused shared experts' items before
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
