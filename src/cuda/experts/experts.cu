@@ -65,7 +65,7 @@ constexpr int kDown4MaxBlocks = 4 * 4;
 
 // k: the reduction length of the launch (H for gate/up, the expert width for down).
 // split_rows: the bulk down kernel's instance that copies weight rows in two halves; deep: its
-// deep-ring instance (chunk 8).
+// deep-ring instance (chunk 8); keep: the bulk kernels' L2-keeping instance (chunk 8, kKeep).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
                    bool split_rows = false, bool deep = false, bool keep = false) {
   const bool gate_up = kind == ExpertsKind::GateUp;
@@ -170,14 +170,16 @@ int experts_down_split_tokens() {
   // 203.1 -> 199.4 us, T=2 -1.9%, T=8 -1.5%, T=32 and 128 (no split) equal, Qwen3-30B-A3B (no
   // split: 1.5 KB rows) equal. Why it helps is not known (the bytes and the ring are the same).
   // Rows of 3 KB (1536-wide experts) in 1.5 KB copies were slower (run 11, 0 / 8 twice):
-  // MiniMax-M2 T=1 68.3 -> 71.1 us, T=2 +3.9%, T=8 +2.3%; GLM-4.5 +3.3%, +2.4%, +1.2%. Hence only
-  // 4 KB row chunks, as 2 KB copies (experts_down_copy_pieces).
+  // MiniMax-M2 T=1 68.3 -> 71.1 us, T=2 +3.9%, T=8 +2.3%; GLM-4.5 +3.3%, +2.4%, +1.2%. And rows
+  // of more than 4 KB, their first 4 KB chunk split (session 11, run 7, 0 / 8 twice): gpt-oss-120b
+  // (2880) T=1 62.8 -> 66.7 us, T=8 +7%; Qwen2-57B-A14B (2560) +9%, +8%; MiniMax-M3 (3072) +7%,
+  // +4%. Hence only rows of exactly one 4 KB chunk (experts_down_copy_pieces).
   return env_int_in_range("MOEKIT_EXPERTS_DOWN_SPLIT", 8, 0, 1 << 20,
                           "a token count, 0 (never) to 1048576");
 }
 
 int experts_down_copy_pieces(int tokens, int k, int split_tokens) {
-  return tokens <= split_tokens && k >= 2048 ? 2 : 1;
+  return tokens <= split_tokens && k == 2048 ? 2 : 1;
 }
 
 int experts_down_deep_tokens() {

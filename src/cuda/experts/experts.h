@@ -100,8 +100,8 @@ int experts_dynamic_tail_percent();
 // each call; layers call once, at creation), else the measured default.
 int experts_down_split_tokens();
 // The bulk down kernel's ExpertsParams::weight_copy_pieces at `tokens` tokens for a reduction
-// length of `k` (the expert width): 2 when tokens <= split_tokens and a row holds a whole 4 KB
-// chunk (k >= 2048; its 4 KB chunks then go as two 2 KB copies), else 1.
+// length of `k` (the expert width): 2 when tokens <= split_tokens and a row is one 4 KB chunk
+// (k == 2048; it then goes as two 2 KB copies), else 1.
 int experts_down_copy_pieces(int tokens, int k, int split_tokens);
 // The most tokens at which the bulk down kernel streams rows of <= 2 KB through the deep ring
 // (ExpertsParams::deep_ring): MOEKIT_EXPERTS_DOWN_DEEP=0.. when set (0: never; read at each
