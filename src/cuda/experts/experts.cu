@@ -22,9 +22,10 @@
 //     regs-early: activations loaded with the weights: chunk 8 kUnroll 3, chunk 16 kNT 2 kUnroll 2
 //       (fewer waits per k block: faster with large experts).
 // Chunk 8 up to 256 tokens. At decode an expert rarely holds more than 8 tokens (DeepSeek-V3 at
-// T=128 averages 4), and the shared expert's extra chunks are adjacent work items, so its weights
-// come from L2 after the first chunk. MOEKIT_EXPERTS_CHUNK=8|16 overrides (read once, for
-// measurements).
+// T=128 averages 4), and an expert's further chunks (the shared expert's at every T > 8) are
+// adjacent work items that re-read its rows: from L2 where the rows outlive the items streamed
+// in between, which on wide experts takes the L2 keep (experts_l2_keep). MOEKIT_EXPERTS_CHUNK=8|16
+// overrides (read once, for measurements).
 #include <cuda_runtime.h>
 
 #include <cstdlib>
