@@ -48,7 +48,8 @@ struct ExpertsParams {
   // bulk kernels at chunk 8: 1 for their instance that copies the weight rows of a task whose
   // expert has a next task (ExpertTask::more: that task's item reads the same rows next) with
   // normal L2 priority instead of evict-first (why: experts_l2_keep), else 0. The split-row and
-  // deep-ring instances take precedence (they exist at <= 8 tokens, where no task has a next).
+  // deep-ring instances take precedence (they exist at <= 8 tokens, where no task has a next);
+  // the persistent variant's one launch (experts_bulk_fused_kernel) has no such instance.
   int l2_keep = 0;
   // bulk gate/up with the shared experts fused: their number S (ids first_shared_expert..+S-1,
   // slots top_k..top_k+S-1 of every token; tokens and slots below), whose items are issued
