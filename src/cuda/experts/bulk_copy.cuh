@@ -68,7 +68,8 @@ __device__ __forceinline__ uint64_t l2_evict_normal_policy() {
   return policy;
 }
 
-// bulk_copy with an L2 cache policy (l2_evict_first_policy) for the lines it reads.
+// bulk_copy with an L2 cache policy (l2_evict_first_policy or l2_evict_normal_policy) for the
+// lines it reads.
 __device__ __forceinline__ void bulk_copy_hinted(void* dst, const void* src, uint32_t bytes,
                                                  uint64_t* bar, uint64_t policy) {
   asm volatile(

@@ -280,21 +280,21 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
   const Variant v = kernel_for(kind, chunk, stream_kind, k);
   const int grid =
       resident_grid(v.fn, v.threads, smem_bytes(stream_kind, chunk), "expert kernel", chunk);
-  // The instances launch_experts may pick instead (ExpertsParams::weight_copy_pieces, deep_ring)
-  // need their own shared-memory limits raised, and run on the same grid.
-  for (const bool deep : {false, true}) {
-    const Variant twin = kernel_for(kind, chunk, stream_kind, k, !deep, deep);
+  // The instances launch_experts may pick instead (ExpertsParams::weight_copy_pieces,
+  // deep_ring, l2_keep) need their own shared-memory limits raised, and run on the same grid.
+  struct Twin {
+    bool split_rows, deep, keep;
+    const char* name;
+  };
+  for (const Twin& t : {Twin{true, false, false, "split-row"},
+                        Twin{false, true, false, "deep-ring"},
+                        Twin{false, false, true, "L2-keeping"}}) {
+    const Variant twin = kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.deep, t.keep);
     if (twin.fn == v.fn) continue;
-    MK_CHECK(resident_grid(twin.fn, twin.threads, smem_bytes(stream_kind, chunk, deep),
+    MK_CHECK(resident_grid(twin.fn, twin.threads, smem_bytes(stream_kind, chunk, t.deep),
                            "expert kernel", chunk) == grid,
-             "the " << (deep ? "deep-ring" : "split-row")
-                    << " expert kernel's resident grid differs from its twin's");
+             "the " << t.name << " expert kernel's resident grid differs from its twin's");
   }
-  const Variant keeper = kernel_for(kind, chunk, stream_kind, k, false, false, true);
-  MK_CHECK(keeper.fn == v.fn || resident_grid(keeper.fn, keeper.threads,
-                                              smem_bytes(stream_kind, chunk), "expert kernel",
-                                              chunk) == grid,
-           "the L2-keeping expert kernel's resident grid differs from its twin's");
   return grid;
 }
 

@@ -38,9 +38,8 @@ struct ExpertsParams {
   // bulk gate/up kernel: the last dynamic_tail_percent % of the items are not in the CTAs'
   // static ranges but taken from work_counter by the CTAs that finish their ranges first
   int dynamic_tail_percent = 0;
-  // bulk down kernel: each 4 KB weight-row chunk copied in this many pieces, 1 or 2 (2: its
-  // kernel instance with two copies per row; why: faster at 1-8 tokens on the H200,
-  // experts_down_split_tokens)
+  // bulk down kernel: each 4 KB weight row copied in this many pieces, 1 or 2 (2: its kernel
+  // instance with two copies per row; why, and why 4 KB rows only: experts_down_split_tokens)
   int weight_copy_pieces = 1;
   // bulk down kernel at chunk 8: 1 for the ring of 4 stages of 2 KB chunks instead of 2 of 4 KB
   // (its own kernel instance; why: experts_down_deep_tokens), else 0
