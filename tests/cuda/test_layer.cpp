@@ -412,6 +412,24 @@ TEST(GpuLayer, TraceRecordsTheKernelTimelineInOrder) {
     }
     EXPECT_LE(last(cuda::kTraceDownWaited), last(cuda::kTraceDownEnd));
     EXPECT_LE(last(cuda::kTraceDownConsumed), last(cuda::kTraceDownEnd));
+    // each CTA's end lies within its kernel's first and last, on an SM of this GPU
+    int sms = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    for (const int kernel : {cuda::kTraceCtaGateUp, cuda::kTraceCtaDown}) {
+      const int end_ev = kernel == cuda::kTraceCtaGateUp ? cuda::kTraceGateUpEnd
+                                                         : cuda::kTraceDownEnd;
+      int recorded = 0;
+      for (int c = 0; c < cuda::kTraceMaxCtas; ++c) {
+        const unsigned long long at = t[cuda::kTraceCtaOffset + kernel * cuda::kTraceMaxCtas + c];
+        if (at == 0) continue;
+        ++recorded;
+        EXPECT_GE(at, first(end_ev)) << "kernel " << kernel << " CTA " << c;
+        EXPECT_LE(at, last(end_ev)) << "kernel " << kernel << " CTA " << c;
+        EXPECT_LT(t[cuda::kTraceCtaOffset + (2 + kernel) * cuda::kTraceMaxCtas + c],
+                  static_cast<unsigned long long>(sms));
+      }
+      EXPECT_GT(recorded, 0) << "kernel " << kernel;
+    }
     gpu->forward(x.data(), 4, FuseShared::On);  // unset: the words stay as they were
     std::vector<unsigned long long> after(cuda::kTraceWords);
     ASSERT_EQ(cudaMemcpy(after.data(), words, cuda::kTraceWords * 8, cudaMemcpyDeviceToHost),

@@ -92,8 +92,9 @@ void print_trace(std::vector<std::unique_ptr<GpuMoeLayer>>& sets, const __nv_bfl
   auto reset = [&] {
     for (int b = 0; b < 2; ++b) {
       MK_CUDA_CHECK(cudaMemsetAsync(words + b * kTraceWords, 0xff, kTraceEvents * 8, stream));
-      MK_CUDA_CHECK(cudaMemsetAsync(words + b * kTraceWords + kTraceEvents, 0, kTraceEvents * 8,
-                                    stream));
+      // the latest times and the per-CTA records: 0 (none)
+      MK_CUDA_CHECK(cudaMemsetAsync(words + b * kTraceWords + kTraceEvents, 0,
+                                    (kTraceWords - kTraceEvents) * 8, stream));
     }
   };
   reset();
@@ -141,6 +142,34 @@ void print_trace(std::vector<std::unique_ptr<GpuMoeLayer>>& sets, const __nv_bfl
                at(kTraceDownIssued, false).c_str(), at(kTraceDownIssued, true).c_str());
   std::fprintf(stderr, "           consumed %s / %s (the consumers' last item; then the epilogue's tail)\n",
                at(kTraceDownConsumed, false).c_str(), at(kTraceDownConsumed, true).c_str());
+  // The bulk kernels' CTA ends: their spread, and whether the last CTAs share SMs (a few slow
+  // SMs) or not (a slope).
+  for (const int kernel : {kTraceCtaGateUp, kTraceCtaDown}) {
+    struct End {
+      double us;
+      int cta;
+      unsigned long long sm;
+    };
+    std::vector<End> ends;
+    const unsigned long long* t = cur + kTraceCtaOffset + kernel * kTraceMaxCtas;
+    const unsigned long long* sm = cur + kTraceCtaOffset + (2 + kernel) * kTraceMaxCtas;
+    for (int c = 0; c < kTraceMaxCtas; ++c) {
+      if (t[c] != 0) {
+        ends.push_back({(static_cast<double>(t[c]) - static_cast<double>(base)) / 1e3, c, sm[c]});
+      }
+    }
+    if (ends.empty()) continue;
+    std::sort(ends.begin(), ends.end(), [](const End& a, const End& b) { return a.us < b.us; });
+    auto pct = [&](double p) { return ends[static_cast<size_t>(p * (ends.size() - 1))].us; };
+    std::fprintf(stderr,
+                 "  %-8s %zu CTAs end at p0 %.1f, p10 %.1f, p50 %.1f, p90 %.1f, max %.1f; last:",
+                 kernel == kTraceCtaGateUp ? "gate/up" : "down", ends.size(), pct(0), pct(0.1),
+                 pct(0.5), pct(0.9), ends.back().us);
+    for (size_t i = ends.size() > 6 ? ends.size() - 6 : 0; i < ends.size(); ++i) {
+      std::fprintf(stderr, " %.1f (CTA %d, SM %llu)", ends[i].us, ends[i].cta, ends[i].sm);
+    }
+    std::fprintf(stderr, "\n");
+  }
 }
 
 }  // namespace

@@ -676,7 +676,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       const bool down = is_down(m.down);
       if (kFused && down && !gate_up_ended) {
         gate_up_ended = true;
-        if (lane == 0) trace_mark(trace, kTraceGateUpEnd);
+        if (lane == 0) trace_cta_end(trace, kTraceGateUpEnd, kTraceCtaGateUp);
       }
       if (!down) {
         store_item_outputs<true, kNT>(gu, m.expert, tile * kGateUpTileRows, m.count, m.pairs,
@@ -719,8 +719,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       }
     }
     if (lane == 0) {
-      if (!gate_up_ended) trace_mark(trace, kTraceGateUpEnd);
-      if (kHasDown) trace_mark(trace, kTraceDownEnd);
+      if (!gate_up_ended) trace_cta_end(trace, kTraceGateUpEnd, kTraceCtaGateUp);
+      if (kHasDown) trace_cta_end(trace, kTraceDownEnd, kTraceCtaDown);
     }
     return;
   }
