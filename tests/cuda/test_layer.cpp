@@ -9,7 +9,7 @@
 //     such tokens, none below T = 100), relative error by norm <= 5e-3 (bf16 h and y)
 //   - fused against unfused, device fill against host weights (bit-identical), determinism,
 //     CUDA-graph replay, launch count, dispatch invariants, error messages
-// DeepSeek-V3 runs once at its real shape (T = 1, 7) with its 22.6 GB layer made on the GPU.
+// DeepSeek-V3 runs once at its real shape (T = 1, 7, 9) with its 22.6 GB layer made on the GPU.
 // Outputs are poisoned (NaN / -1) before every run by GpuMoeLayer::forward. Without a GPU every
 // test skips saying why, except the host-side choice of the expert-kernel variant.
 #include <cuda_runtime.h>
@@ -681,6 +681,29 @@ TEST(GpuLayerSmall, BulkL2KeepForExpertsWithSeveralTasks) {
   }
 }
 
+// The bulk down kernel's dynamic tail (kTail instance: the last tiles' items claimed one by one,
+// combined after every CTA has written its partials): against the CPU reference and bit for bit
+// equal to static ranges (each output is the same slot-ordered sum, whichever CTA wrote the
+// partials). 256 rows are 16 tiles: 50% makes 8 tail tiles; 100% leaves no static items at all;
+// with the L2-keeping instance (forced at these sizes) too; fused and unfused.
+TEST(GpuLayerSmall, BulkDownDynamicTailTiles) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3", 256, 16, 256);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 31);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 40;
+  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+    for (const char* percent : {"50", "100"}) {
+      expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_TAIL", "0", percent,
+                                   {1, 9, 40}, fuse, 90);
+    }
+  }
+  setenv("MOEKIT_EXPERTS_L2_KEEP_FROM", "1", 1);
+  expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_TAIL", "0", "50", {9, 40},
+                               FuseShared::On, 95);
+  unsetenv("MOEKIT_EXPERTS_L2_KEEP_FROM");
+}
+
 // ---- routing + dispatch alone, on constructed logits ----
 
 // Tie-free logits: a per-token permutation of evenly spaced values (0.05 apart).
@@ -795,10 +818,11 @@ TEST(GpuLayerRealShape, DeepSeekV3MatchesCpuReference) {
   const MoeSpec spec = load_spec("deepseek-v3");
   const int layer = spec.moe_layers.front();
   cuda::GpuLayerOptions opt;
-  opt.max_tokens = 8;
+  opt.max_tokens = 9;
   const auto gpu = cuda::GpuMoeLayer::create_random(spec, layer, 21, opt);
   const auto w = make_random_weights(spec, layer, 21);  // lazy: only touched experts are made
-  for (int tokens : {1, 7}) {
+  // (9: the down kernel's dynamic tail, experts_down_tail, which needs >= 7168 rows)
+  for (int tokens : {1, 7, 9}) {
     const std::vector<Bf16> x = random_x(tokens, spec.hidden, 30 + tokens);
     for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
       std::ostringstream what;
@@ -924,6 +948,27 @@ TEST(ExpertsVariant, L2KeepFrom32TokensForWideHiddenOnlyUnlessForced) {
   EXPECT_TRUE(cuda::experts_l2_keep(1, 256, 8, 1));        // forced from 1 token, any hidden
   EXPECT_FALSE(cuda::experts_l2_keep(128, 7168, 8, 0));    // forced off
   EXPECT_FALSE(cuda::experts_l2_keep(512, 7168, 16, 1));   // chunk 16 even when forced
+}
+
+TEST(ExpertsVariant, DownTailParsesAPercentageAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_DOWN_TAIL");
+  EXPECT_EQ(cuda::experts_down_tail_percent_setting(), -1);  // unset: the rule
+  expect_env_int_knob("MOEKIT_EXPERTS_DOWN_TAIL", cuda::experts_down_tail_percent_setting,
+                      {0, 20, 100}, {"101", "-1", "20%", "x"}, "a percentage, 0 to 100");
+}
+
+TEST(ExpertsVariant, DownTailFrom9To64TokensForHidden7168UnlessForced) {
+  EXPECT_EQ(cuda::experts_down_tail(9, 7168, 8, -1), 20);    // DeepSeek-V3, Kimi-K2
+  EXPECT_EQ(cuda::experts_down_tail(64, 7168, 8, -1), 20);
+  EXPECT_EQ(cuda::experts_down_tail(8, 7168, 8, -1), 0);     // the split-row instance's
+  EXPECT_EQ(cuda::experts_down_tail(128, 7168, 8, -1), 0);   // equal at 128, +1% at 256
+  EXPECT_EQ(cuda::experts_down_tail(32, 5120, 8, -1), 0);    // GLM-4.5: +0.7% at 32
+  EXPECT_EQ(cuda::experts_down_tail(32, 2048, 8, -1), 0);    // Qwen3-30B-A3B: +2.9% at 32
+  EXPECT_EQ(cuda::experts_down_tail(32, 2048, 8, 35), 35);   // forced, any hidden
+  EXPECT_EQ(cuda::experts_down_tail(300, 7168, 8, 20), 20);
+  EXPECT_EQ(cuda::experts_down_tail(8, 7168, 8, 20), 0);     // never at <= 8 tokens
+  EXPECT_EQ(cuda::experts_down_tail(32, 7168, 8, 0), 0);     // forced off
+  EXPECT_EQ(cuda::experts_down_tail(512, 7168, 16, 20), 0);  // chunk 16: no instance
 }
 
 TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {

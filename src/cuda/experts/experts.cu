@@ -66,9 +66,11 @@ constexpr int kDown4MaxBlocks = 4 * 4;
 
 // k: the reduction length of the launch (H for gate/up, the expert width for down).
 // split_rows: the bulk down kernel's instance that copies weight rows in two halves; deep: its
-// deep-ring instance (chunk 8); keep: the bulk kernels' L2-keeping instance (chunk 8, kKeep).
+// deep-ring instance (chunk 8); keep: the bulk kernels' L2-keeping instance (chunk 8, kKeep);
+// tail: the bulk down kernel's dynamic-tail instances (chunk 8, kTail; with keep or without).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
-                   bool split_rows = false, bool deep = false, bool keep = false) {
+                   bool split_rows = false, bool deep = false, bool keep = false,
+                   bool tail = false) {
   const bool gate_up = kind == ExpertsKind::GateUp;
   MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
                                           << " (expected 8 or 16)");
@@ -78,6 +80,11 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
       if (chunk == 8) {
         if (!gate_up && deep) return {experts_bulk_kernel<false, 1, false, true>, kBulkThreads};
         if (!gate_up && split_rows) return {experts_bulk_kernel<false, 1, true>, kBulkThreads};
+        if (!gate_up && tail) {
+          return {keep ? experts_bulk_kernel<false, 1, false, false, true, true>
+                       : experts_bulk_kernel<false, 1, false, false, false, true>,
+                  kBulkThreads};
+        }
         if (keep) {
           return {gate_up ? experts_bulk_kernel<true, 1, false, false, true>
                           : experts_bulk_kernel<false, 1, false, false, true>,
@@ -220,6 +227,16 @@ bool experts_l2_keep(int tokens, int hidden, int chunk, int forced_from) {
   return tokens >= 32 && hidden >= 5120;
 }
 
+int experts_down_tail_percent_setting() {
+  return env_int_in_range("MOEKIT_EXPERTS_DOWN_TAIL", -1, 0, 100, "a percentage, 0 to 100");
+}
+
+int experts_down_tail(int tokens, int hidden, int chunk, int forced) {
+  if (chunk != 8 || tokens <= 8) return 0;  // why: experts.h
+  if (forced >= 0) return forced;
+  return hidden >= 7168 && tokens <= 64 ? 20 : 0;
+}
+
 int experts_shared_first_tokens() {
   // Measured on the H200, DeepSeek-V3 fused, same run (bench/results/h200/2026-11-30-s7-
   // experiments): shared items first, T=1 205.5 -> 199.1 us, T=8 1197.5 -> 1182.7, T=32 3306.7
@@ -281,15 +298,18 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
   const int grid =
       resident_grid(v.fn, v.threads, smem_bytes(stream_kind, chunk), "expert kernel", chunk);
   // The instances launch_experts may pick instead (ExpertsParams::weight_copy_pieces,
-  // deep_ring, l2_keep) need their own shared-memory limits raised, and run on the same grid.
+  // deep_ring, l2_keep, down_tail_percent) need their own shared-memory limits raised, and run on the same grid.
   struct Twin {
-    bool split_rows, deep, keep;
+    bool split_rows, deep, keep, tail;
     const char* name;
   };
-  for (const Twin& t : {Twin{true, false, false, "split-row"},
-                        Twin{false, true, false, "deep-ring"},
-                        Twin{false, false, true, "L2-keeping"}}) {
-    const Variant twin = kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.deep, t.keep);
+  for (const Twin& t : {Twin{true, false, false, false, "split-row"},
+                        Twin{false, true, false, false, "deep-ring"},
+                        Twin{false, false, true, false, "L2-keeping"},
+                        Twin{false, false, false, true, "dynamic-tail"},
+                        Twin{false, false, true, true, "L2-keeping dynamic-tail"}}) {
+    const Variant twin =
+        kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.deep, t.keep, t.tail);
     if (twin.fn == v.fn) continue;
     MK_CHECK(resident_grid(twin.fn, twin.threads, smem_bytes(stream_kind, chunk, t.deep),
                            "expert kernel", chunk) == grid,
@@ -301,8 +321,12 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
   const bool deep = kind == ExpertsKind::Down && p.deep_ring != 0 && chunk == 8;
+  const bool tail = kind == ExpertsKind::Down && p.down_tail_percent > 0 && chunk == 8;
+  MK_CHECK(!tail || p.tile_counters != nullptr,
+           "launch_experts: a down tail (down_tail_percent " << p.down_tail_percent
+                                                             << ") needs the combine's counters");
   const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2, deep,
-                               p.l2_keep != 0);
+                               p.l2_keep != 0, tail);
   launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk, deep), stream, p);
 }
 

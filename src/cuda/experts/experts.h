@@ -50,6 +50,12 @@ struct ExpertsParams {
   // deep-ring instances take precedence (they exist at <= 8 tokens, where no task has a next);
   // the persistent variant's one launch (experts_bulk_fused_kernel) has no such instance.
   int l2_keep = 0;
+  // bulk down kernel with a combine (tile_counters set) at chunk 8: the % of its 16-row output
+  // tiles whose items are not in the CTAs' static ranges but taken one by one from work_counter
+  // by the CTAs that finish their ranges first, and combined once every CTA has written its
+  // partials (its own kernel instance; why: experts_down_tail). tile_counters then has one more
+  // word, the CTAs done. 0: none (every item static)
+  int down_tail_percent = 0;
   // bulk gate/up with the shared experts fused: their number S (ids first_shared_expert..+S-1,
   // slots top_k..top_k+S-1 of every token; tokens and slots below), whose items are issued
   // before the kernel waits for the dispatch (they need nothing from it); 0: none early
@@ -62,7 +68,8 @@ struct ExpertsParams {
   // down output: fp32 partial [pairs, rows] (unweighted expert output, bias included)
   float* partial = nullptr;
   // combine (down only; null tile_counters = no combine): y[t] = sum_s w[t,s] * partial[t*slots+s]
-  // (+ shared_scale[t] * shared_partial[t]) in slot order, bf16 out
+  // (+ shared_scale[t] * shared_partial[t]) in slot order, bf16 out. rows / 16 tile counters
+  // (+ 1 with down_tail_percent), zeroed by the dispatch
   int* tile_counters = nullptr;
   int tokens = 0;
   int slots = 0;
@@ -118,6 +125,24 @@ int experts_l2_keep_from_tokens();
 // experts whose gate/up reduction length is `hidden`: with forced_from >= 0 (the variable set),
 // tokens >= forced_from > 0; else tokens >= 32 and hidden >= 5120. Chunk 8 only.
 bool experts_l2_keep(int tokens, int hidden, int chunk, int forced_from);
+// The % of the bulk down kernel's output tiles taken dynamically (ExpertsParams::
+// down_tail_percent), forced for every hidden size and batch above 8 tokens:
+// MOEKIT_EXPERTS_DOWN_TAIL=0..100 when set (0: never), else -1 (the measured rule of
+// experts_down_tail). Read at each call; layers call once, at creation.
+int experts_down_tail_percent_setting();
+// ExpertsParams::down_tail_percent of the routed down launch (the one with the combine) at
+// `tokens` tokens, `chunk` tokens per task, for experts whose down output has `hidden` rows:
+// with forced >= 0 (the variable set), forced above 8 tokens; else 20 from 9 to 64 tokens at
+// hidden >= 7168; chunk 8 only. Why a dynamic tail: the down CTAs' static ranges end up to
+// ~100 us apart at 32-128 tokens (their stream rates differ, and not by SM: session 12's CTA
+// trace). Measured on the H200, 20% against none, same run (bench/results/h200/2026-11-30-s12-
+// experiments): DeepSeek-V3 and Kimi-K2 -1.4..-1.7% at 16-32 tokens, -0.4..-0.5% at 64, equal
+// at 128, +0.9..+1.5% at 256 (run 3, the 4.63 TB/s kind); -0.2..-0.8% at 9-64 (run 4, the 4.53
+// kind); GLM-5, MiniMax-M3 (6144) within 0.2% at 16-64 (run 4); GLM-4.5 (5120) equal at 16,
+// +0.4..+2.6% from 32, Qwen3-30B-A3B (2048) +2.5..+8% everywhere (run 3: small items, so the
+// claims and the tail's wait for every CTA weigh more). Not at <= 8 tokens: that wait cost
+// Qwen3-30B-A3B 9% at 1 token (session 7), and the split-row instance takes DeepSeek-V3 there.
+int experts_down_tail(int tokens, int hidden, int chunk, int forced);
 // The most tokens at which the bulk gate/up kernel issues the fused shared experts' items before
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.

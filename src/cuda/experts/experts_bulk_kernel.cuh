@@ -57,6 +57,10 @@
 // launches with one producer and 2 KB rows (session 5); with two producers and 4 KB rows it is
 // within 1% of them on DeepSeek-V3 (T=1..128) but 5-13% slower on Qwen3-30B-A3B (session 6,
 // src/cuda/layer/NOTES.md).
+// Down tail (the kTail instances, chosen by experts_down_tail): the last tiles' items are claimed
+// one by one, as gate/up's tail; they are combined once every CTA has counted its partials
+// written (wait_for_every_cta), by the consumer and epilogue warps of the whole grid
+// (combine_tail_outputs). Measured on the H200 at 9-64 tokens: DeepSeek-V3 -0.2..-1.7%.
 // Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
 #pragma once
 
@@ -215,6 +219,89 @@ __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
+// The down kernel's dynamic tail (kTail): its tiles' items went to whichever CTA claimed them,
+// so a tail tile is combined only once every CTA has written its partials (counting each
+// claimed item in its tile counter, a fence and an atomic per item, made the epilogue the
+// bottleneck, session 6). The epilogue warp counts its CTA in ctas_done (zeroed by the
+// dispatch) and waits for the grid; safe to spin: the grid is at most the resident CTAs
+// (experts_grid), and all of them were resident before the next kernel could launch (each
+// passed its griddepcontrol.launch_dependents).
+__device__ __forceinline__ void wait_for_every_cta(int* ctas_done, int lane) {
+  __threadfence();  // every lane: its partial stores before the count
+  __syncwarp();
+  if (lane == 0) {
+    atomicAdd(ctas_done, 1);
+    const unsigned long long t0 = global_timer_ns();
+    while (load_relaxed_gpu(ctas_done) < static_cast<int>(gridDim.x)) {
+      // why a deadline: a grid larger than the resident CTAs would spin forever; fail loudly
+      if (global_timer_ns() - t0 > 4000000000ull) {
+        printf("moekit: down kernel: CTA %d waited 4 s for the other CTAs' partials (grid %d "
+               "larger than the resident CTAs?)\n",
+               static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+        __trap();
+      }
+      __nanosleep(128);
+    }
+  }
+  __syncwarp();
+  fence_acq_rel_gpu();  // every lane, after lane 0 saw the count: the other CTAs' partials
+}
+
+// The tail tiles' [first, tiles) outputs combined by `nthreads` threads of the grid, thread
+// `thread` taking outputs thread, thread + nthreads, ... of them all (token-major within a
+// tile, as combine_tile), four at a time. why spread so: one warp per tail tile (the first
+// version) took 7 us at 32 tokens and 26 us at 128 after the grid's wait, the rest idle (its
+// CTA trace, session 12). Each output is the same slot-ordered sum as combine_tile's.
+__device__ __forceinline__ void combine_tail_outputs(const ExpertsParams& p, int first,
+                                                     int tiles, int thread, int nthreads) {
+  constexpr int kTileRows = 16, kPerThread = 4;
+  const int per_tile = p.tokens * kTileRows;
+  const int n = (tiles - first) * per_tile;
+#pragma unroll 1
+  for (int i0 = thread; i0 < n; i0 += kPerThread * nthreads) {
+    float y[kPerThread];
+    int tok[kPerThread], r[kPerThread];
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const int i = min(i0 + u * nthreads, n - 1);  // past the end: recomputes the last output
+      const int tile = first + i / per_tile;
+      const int within = i - (tile - first) * per_tile;
+      tok[u] = within / kTileRows;
+      r[u] = tile * kTileRows + (within - tok[u] * kTileRows);
+      y[u] = 0.0f;
+    }
+#pragma unroll 1
+    for (int s = 0; s < p.slots; ++s) {
+      float w[kPerThread], v[kPerThread];
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u) {
+        const size_t q = static_cast<size_t>(tok[u]) * p.slots + s;
+        w[u] = p.slot_weights[q];
+        v[u] = __ldcg(p.partial + q * p.rows + r[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u) y[u] += w[u] * v[u];
+    }
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      if (i0 + u * nthreads >= n) continue;
+      if (p.shared_partial != nullptr) {
+        y[u] += p.shared_scale[tok[u]] *
+                __ldcg(p.shared_partial + static_cast<size_t>(tok[u]) * p.rows + r[u]);
+      }
+      p.y[static_cast<size_t>(tok[u]) * p.rows + r[u]] = __float2bfloat16_rn(y[u]);
+    }
+  }
+}
+
+// The warps that combine the down tail (the consumers and the epilogue warp), and the named
+// barrier they meet at once the epilogue warp has seen every CTA's partials.
+constexpr int kTailCombineThreads = (kBulkConsumerWarps + 1) * 32;
+constexpr int kTailBarrier = 1;  // (0 is __syncthreads)
+__device__ __forceinline__ void tail_barrier() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kTailBarrier), "n"(kTailCombineThreads) : "memory");
+}
+
 // The bulk kernel's body. kMode kBulkGateUp / kBulkDown: the launch's params are gu / dn (the
 // other is not read). kBulkFused: every CTA runs its gate/up items (dealt by `order`), then its
 // down items (a contiguous tile-major range); a down item's activation copies wait until all
@@ -227,10 +314,14 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // task (ExpertTask::more) are copied with normal L2 priority instead of evict-first, so that the
 // next task's item reads them from L2 (a template parameter for the same reason as kSplitRows:
 // its code as a runtime choice cost Qwen3-30B-A3B 1-2% with the choice off, session 11).
-template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false>
+// kTail (down, with a combine): the last dn.down_tail_percent % of the output tiles are a
+// dynamic tail (ExpertsParams::down_tail_percent; combine_tail_tiles).
+template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false,
+          bool kTail = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done, int order) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
+  static_assert(!kTail || kMode == kBulkDown, "kTail: the down kernel's");
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   constexpr bool kFused = kMode == kBulkFused;
@@ -444,14 +535,20 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   const int gu_total = gu_tasks * gu_tiles;
   const int gu_div = max(gu_tasks, 1);  // (a divisor: without tasks there are no items)
   const int dn_total = kHasDown ? num_tasks * (dn.rows / kDownTileRows) : 0;
+  // kTail: the last dn_tail_tiles tiles' items are claimed, the rest split into static ranges
+  const int dn_tiles = kTail ? dn.rows / kDownTileRows : 0;
+  const int dn_tail_tiles = kTail ? dn_tiles * dn.down_tail_percent / 100 : 0;
+  const int dn_static = kTail ? dn_total - num_tasks * dn_tail_tiles : dn_total;
   // this CTA's items, gate/up then down: contiguous tile-major ranges (most of a down tile's
   // items are one CTA's, and it combines the tile without a counter round trip; sizes differ
   // by at most one), except the fused kernel's gate/up items dealt round-robin task-major.
   // The gate/up kernel splits only its first items so (its static items); the rest, its dynamic
   // tail, go one by one from the work counter to the CTAs that finish their ranges first. why:
   // CTAs stream at rates up to ~15% apart (the trace: DeepSeek-V3 T=1 gate/up CTAs ending 17 us
-  // apart, 6 us with the tail). Not the down kernel: a claimed down item is combined through
-  // its tile counter (a fence and an atomic each), which made the epilogue the bottleneck.
+  // apart, 6 us with the tail). The down kernel only in its kTail instance, whose claimed items
+  // are whole tiles' (combined after every CTA's partials, combine_tail_tiles): a claimed item
+  // combined through its tile counter (a fence and an atomic each) made the epilogue the
+  // bottleneck.
   const int gu_static =
       kMode != kBulkGateUp
           ? gu_total
@@ -464,8 +561,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
                                   ? (gu_total - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1
                                   : 0)
                            : range(gu_static, blockIdx.x + 1) - gu_begin;
-  const int dn_begin = range(dn_total, blockIdx.x);
-  const int dn_end = range(dn_total, blockIdx.x + 1);
+  const int dn_begin = range(dn_static, blockIdx.x);
+  const int dn_end = range(dn_static, blockIdx.x + 1);
   const int seq_count = gu_count + (dn_end - dn_begin);  // the items of the static ranges
 
   if (producer_warp) {
@@ -478,7 +575,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     // claims pass the launch's items (then no more claims). Both producers must walk the same
     // items, so producer 0 claims and hands each claim to producer 1 through a ring of
     // kClaimSlots slots (claim_full / claim_empty).
-    bool claims_left = gu_static < gu_total;
+    // (kTail: the down kernel's claims, of its tail tiles' items)
+    bool claims_left = kTail ? dn_static < dn_total : gu_static < gu_total;
     int claims = 0;  // claims so far (the same count in both producers)
     auto claim = [&]() {
       if (!claims_left) return -1;
@@ -499,8 +597,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         c = claim_ring[slot];
         mbar_arrive(&claim_empty[slot]);  // every lane: each read the slot
       }
-      const int item = gu_static + c;
-      if (item < gu_total) return item;
+      const int item = (kTail ? dn_static : gu_static) + c;
+      if (item < (kTail ? dn_total : gu_total)) return item;
       claims_left = false;
       return -1;
     };
@@ -509,10 +607,15 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       ProducerItem it;
       int task;
       if (j >= seq_count) {
-        it.down = false;  // (only the gate/up kernel claims)
+        it.down = kTail;  // (the gate/up kernel claims, and kTail's down kernel)
         it.item = claim();
-        it.tile = it.item < 0 ? 0 : it.item / gu_div;
-        task = it.item < 0 ? 0 : it.item - it.tile * gu_div;
+        if constexpr (kTail) {
+          it.tile = it.item < 0 ? 0 : it.item / num_tasks;  // (no tasks: no claims either)
+          task = it.item < 0 ? 0 : it.item - it.tile * num_tasks;
+        } else {
+          it.tile = it.item < 0 ? 0 : it.item / gu_div;
+          task = it.item < 0 ? 0 : it.item - it.tile * gu_div;
+        }
       } else if (kHasGateUp && j < gu_count) {
         it.down = false;
         if (gu_round_robin) {
@@ -697,6 +800,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
                                      g, t);
       __syncwarp();
       mbar_arrive(&red_empty[buf]);  // the buffer and its record are read
+      if (kTail && item >= dn_static) continue;  // a tail tile's: combine_tail_tiles, below
       const bool closes_tile = item + 1 == dn_end || (item + 1) / num_tasks != tile;
       if (dn.tile_counters != nullptr && closes_tile) {
         // this CTA's last item of the tile: combine it here if all its items were ours (the
@@ -717,6 +821,14 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         }
         if (combine) bulk_combine_tile(dn, tile, lane);
       }
+    }
+    if (kTail && dn_tail_tiles > 0 && dn.tile_counters != nullptr) {
+      wait_for_every_cta(dn.tile_counters + dn_tiles, lane);
+      tail_barrier();  // the consumer warps join (below)
+      combine_tail_outputs(dn, dn_tiles - dn_tail_tiles, dn_tiles,
+                           static_cast<int>(blockIdx.x) * kTailCombineThreads +
+                               kBulkConsumerWarps * 32 + lane,
+                           static_cast<int>(gridDim.x) * kTailCombineThreads);
     }
     if (lane == 0) {
       if (!gate_up_ended) trace_cta_end(trace, kTraceGateUpEnd, kTraceCtaGateUp);
@@ -756,6 +868,15 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         if (warp == 0 && lane == 0) item_meta[buf].item = -1;
         __syncwarp();
         mbar_arrive(&red_full[buf]);
+        if (kTail && dn_tail_tiles > 0 && dn.tile_counters != nullptr) {
+          // the tail's combine, with the epilogue warp once it has seen every CTA's partials
+          tail_barrier();
+          fence_acq_rel_gpu();  // (the epilogue warp's acquire, passed on by the barrier)
+          combine_tail_outputs(dn, dn_tiles - dn_tail_tiles, dn_tiles,
+                               static_cast<int>(blockIdx.x) * kTailCombineThreads +
+                                   warp * 32 + lane,
+                               static_cast<int>(gridDim.x) * kTailCombineThreads);
+        }
         break;
       }
       count = __shfl_sync(0xffffffffu, item_count, 0);
@@ -817,11 +938,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 }
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
-// kSplitRows, kDeep and kKeep as experts_bulk_body.
-template <bool kGateUp, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false>
+// kSplitRows, kDeep, kKeep and kTail as experts_bulk_body.
+template <bool kGateUp, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false,
+          bool kTail = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
-  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kDeep, kKeep>(p, p, nullptr,
-                                                                                    0);
+  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kDeep, kKeep, kTail>(
+      p, p, nullptr, 0);
 }
 
 // Gate/up and down in one persistent grid (grid <= resident CTAs; task_done zeroed by the

@@ -101,6 +101,7 @@ struct GpuMoeLayer::Impl {
   int down_split_tokens = 0;                   // ... its MOEKIT_EXPERTS_DOWN_SPLIT
   int down_deep_tokens = 0;                    // ... its MOEKIT_EXPERTS_DOWN_DEEP
   int l2_keep_from = -1;                       // the bulk kernels' MOEKIT_EXPERTS_L2_KEEP_FROM
+  int down_tail_setting = -1;                  // the bulk down kernel's MOEKIT_EXPERTS_DOWN_TAIL
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -302,7 +303,7 @@ struct GpuMoeLayer::Impl {
       allocate<float>(shared_partial, static_cast<size_t>(tm) * H, ws);
     }
     allocate<DispatchCounters>(counters, 1, ws);
-    allocate<int>(tile_counters, H / 16, ws);
+    allocate<int>(tile_counters, H / 16 + 1, ws);  // + the down tail's CTAs done
     allocate<int>(task_done, max_tasks, ws);
     allocate<int>(error_flag, 1, ws);
     allocate<__nv_bfloat16>(x_in, static_cast<size_t>(tm) * H, ws);
@@ -326,6 +327,7 @@ struct GpuMoeLayer::Impl {
     down_split_tokens = experts_down_split_tokens();
     down_deep_tokens = experts_down_deep_tokens();
     l2_keep_from = experts_l2_keep_from_tokens();
+    down_tail_setting = experts_down_tail_percent_setting();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -390,6 +392,8 @@ struct GpuMoeLayer::Impl {
     const int l2_keep = experts_l2_keep(tokens, H, chunk, l2_keep_from) ? 1 : 0;
     const int ci = chunk == 8 ? 0 : 1;  // experts_chunk gives 8 or 16
     const ExpertsStream sk = kind_for(tokens);
+    const int down_tail =
+        sk == ExpertsStream::Bulk ? experts_down_tail(tokens, H, chunk, down_tail_setting) : 0;
     const int vi = static_cast<int>(sk);
     const bool one_expert_launch = sk == ExpertsStream::Persistent;
     const bool shared_unfused = has_shared && !fused;
@@ -424,7 +428,7 @@ struct GpuMoeLayer::Impl {
     rp.shared_tasks = shared_unfused ? shared_tasks.as<ExpertTask>() : nullptr;
     rp.counters = ctr;
     rp.tile_counters = tile_counters.as<int>();
-    rp.num_tile_counters = H / 16;
+    rp.num_tile_counters = H / 16 + (down_tail > 0 ? 1 : 0);  // (+ its CTAs done)
     rp.task_done = one_expert_launch ? task_done.as<int>() : nullptr;
     rp.error_flag = error_flag.as<int>();
     rp.trace = trace;
@@ -519,6 +523,7 @@ struct GpuMoeLayer::Impl {
     d.trace = trace;
     d.weight_copy_pieces = experts_down_copy_pieces(tokens, I, down_split_tokens);
     d.deep_ring = experts_down_deep_ring(tokens, I, down_deep_tokens) ? 1 : 0;
+    d.down_tail_percent = down_tail;
     if (one_expert_launch) {
       launch_experts_fused(chunk, g, d, task_done.as<int>(), fused_grid[ci], st);
     } else {
