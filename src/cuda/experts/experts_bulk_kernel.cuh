@@ -285,11 +285,7 @@ __device__ __forceinline__ void combine_tail_outputs(const ExpertsParams& p, int
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
       if (i0 + u * nthreads >= n) continue;
-      if (p.shared_partial != nullptr) {
-        y[u] += p.shared_scale[tok[u]] *
-                __ldcg(p.shared_partial + static_cast<size_t>(tok[u]) * p.rows + r[u]);
-      }
-      p.y[static_cast<size_t>(tok[u]) * p.rows + r[u]] = __float2bfloat16_rn(y[u]);
+      store_combined_output(p, tok[u], r[u], y[u]);
     }
   }
 }

@@ -108,6 +108,16 @@ __device__ __forceinline__ void store_item_outputs(const ExpertsParams& p, int e
   }
 }
 
+// y[tok, r] of the combine from the sum of its routed slots: + the unfused shared MLP's output
+// (scaled), rounded to bf16.
+__device__ __forceinline__ void store_combined_output(const ExpertsParams& p, int tok, int r,
+                                                      float y) {
+  if (p.shared_partial != nullptr) {
+    y += p.shared_scale[tok] * __ldcg(p.shared_partial + static_cast<size_t>(tok) * p.rows + r);
+  }
+  p.y[static_cast<size_t>(tok) * p.rows + r] = __float2bfloat16_rn(y);
+}
+
 // The combine of one 16-row down tile, by the CTA that completed the tile's last item (after a
 // threadfence): y[t] = sum_s w[t,s] * partial[t,s] in slot order (+ the unfused shared MLP's
 // partial), bf16 out; threads [0, nthreads) of the caller split the (token, row) outputs. The
@@ -157,11 +167,7 @@ __device__ __forceinline__ void combine_tile(const ExpertsParams& p, int tile, i
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
       if (i0 + u * nthreads >= n) continue;
-      if (p.shared_partial != nullptr) {
-        y[u] += p.shared_scale[tok[u]] *
-                __ldcg(p.shared_partial + static_cast<size_t>(tok[u]) * p.rows + r[u]);
-      }
-      p.y[static_cast<size_t>(tok[u]) * p.rows + r[u]] = __float2bfloat16_rn(y[u]);
+      store_combined_output(p, tok[u], r[u], y[u]);
     }
   }
 }
