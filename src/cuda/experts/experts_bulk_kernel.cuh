@@ -311,7 +311,7 @@ __device__ __forceinline__ void tail_barrier() {
 // next task's item reads them from L2 (a template parameter for the same reason as kSplitRows:
 // its code as a runtime choice cost Qwen3-30B-A3B 1-2% with the choice off, session 11).
 // kTail (down, with a combine): the last dn.down_tail_percent % of the output tiles are a
-// dynamic tail (ExpertsParams::down_tail_percent; combine_tail_tiles).
+// dynamic tail (ExpertsParams::down_tail_percent; wait_for_every_cta, combine_tail_outputs).
 template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false,
           bool kTail = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
@@ -542,7 +542,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   // tail, go one by one from the work counter to the CTAs that finish their ranges first. why:
   // CTAs stream at rates up to ~15% apart (the trace: DeepSeek-V3 T=1 gate/up CTAs ending 17 us
   // apart, 6 us with the tail). The down kernel only in its kTail instance, whose claimed items
-  // are whole tiles' (combined after every CTA's partials, combine_tail_tiles): a claimed item
+  // are whole tiles' (combined after every CTA's partials: wait_for_every_cta): a claimed item
   // combined through its tile counter (a fence and an atomic each) made the epilogue the
   // bottleneck.
   const int gu_static =
@@ -796,7 +796,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
                                      g, t);
       __syncwarp();
       mbar_arrive(&red_empty[buf]);  // the buffer and its record are read
-      if (kTail && item >= dn_static) continue;  // a tail tile's: combine_tail_tiles, below
+      if (kTail && item >= dn_static) continue;  // a tail tile's: combined after the loop
       const bool closes_tile = item + 1 == dn_end || (item + 1) / num_tasks != tile;
       if (dn.tile_counters != nullptr && closes_tile) {
         // this CTA's last item of the tile: combine it here if all its items were ours (the
