@@ -1,6 +1,7 @@
 #include "moekit/dtype.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "moekit/error.h"
 
@@ -97,15 +98,28 @@ uint8_t float_to_fp8_e4m3(float f) {
 }
 
 float load_as_float(DType t, const void* data, size_t i) {
+  // memcpy, not a typed load: `data` may point into a file mapping at any byte offset (a
+  // safetensors tensor's offsets need not be aligned; fuzz_safetensors found an F32 one at an
+  // odd address, undefined behaviour under UBSan)
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
   switch (t) {
-    case DType::BF16:
-      return bf16_to_float(static_cast<const Bf16*>(data)[i]);
-    case DType::F16:
-      return f16_to_float(static_cast<const uint16_t*>(data)[i]);
-    case DType::F32:
-      return static_cast<const float*>(data)[i];
+    case DType::BF16: {
+      Bf16 v;
+      std::memcpy(&v, bytes + 2 * i, 2);
+      return bf16_to_float(v);
+    }
+    case DType::F16: {
+      uint16_t v;
+      std::memcpy(&v, bytes + 2 * i, 2);
+      return f16_to_float(v);
+    }
+    case DType::F32: {
+      float v;
+      std::memcpy(&v, bytes + 4 * i, 4);
+      return v;
+    }
     case DType::F8_E4M3:
-      return fp8_e4m3_to_float(static_cast<const uint8_t*>(data)[i]);
+      return fp8_e4m3_to_float(bytes[i]);
   }
   MK_FAIL("unknown dtype");
 }

@@ -89,6 +89,23 @@ TEST(Safetensors, RoundTripEveryDtype) {
   EXPECT_EQ(*static_cast<const float*>(g.data("e.scalar")), 42.0f);
 }
 
+// A tensor's data may sit at any byte offset of a file (the format does not align it):
+// load_as_float reads each dtype at an odd address (UBSan, in the hardening run, reports a typed
+// load there; fuzz_safetensors found one for F32).
+TEST(Safetensors, LoadAsFloatReadsUnalignedValues) {
+  alignas(8) uint8_t buf[1 + 2 * 4];
+  uint8_t* odd = buf + 1;
+  const float f[2] = {1.25f, -3.5f};
+  std::memcpy(odd, f, sizeof f);
+  EXPECT_EQ(moekit::load_as_float(DType::F32, odd, 1), -3.5f);
+  const moekit::Bf16 b[2] = {moekit::float_to_bf16(0.5f), moekit::float_to_bf16(-2.0f)};
+  std::memcpy(odd, b, sizeof b);
+  EXPECT_EQ(moekit::load_as_float(DType::BF16, odd, 1), -2.0f);
+  const uint16_t h[2] = {moekit::float_to_f16(0.75f), moekit::float_to_f16(6.0f)};
+  std::memcpy(odd, h, sizeof h);
+  EXPECT_EQ(moekit::load_as_float(DType::F16, odd, 1), 6.0f);
+}
+
 TEST(Safetensors, WriterRejectsWrongByteCount) {
   const std::string path = scratch_dir() + "/w.safetensors";
   std::vector<uint16_t> v(5);
