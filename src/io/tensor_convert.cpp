@@ -53,23 +53,11 @@ bool is_scale_dtype(const std::string& d) {
 }
 
 float scale_value(const std::string& d, const void* data, size_t i, const std::string& what) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  if (d == "F32") {
-    float v;
-    std::memcpy(&v, p + 4 * i, 4);
-    return v;
-  }
-  if (d == "BF16") {
-    Bf16 v;
-    std::memcpy(&v.bits, p + 2 * i, 2);
-    return bf16_to_float(v);
-  }
-  if (d == "F16") {
-    uint16_t v;
-    std::memcpy(&v, p + 2 * i, 2);
-    return f16_to_float(v);
-  }
-  if (d == "F8_E8M0") return e8m0_value(p[i]);
+  // (load_as_float: at any alignment, as the file gives it)
+  if (d == "F32") return load_as_float(DType::F32, data, i);
+  if (d == "BF16") return load_as_float(DType::BF16, data, i);
+  if (d == "F16") return load_as_float(DType::F16, data, i);
+  if (d == "F8_E8M0") return e8m0_value(static_cast<const uint8_t*>(data)[i]);
   MK_FAIL("scale tensor " << what << " has dtype " << d << ", expected F32, BF16, F16 or F8_E8M0");
 }
 
