@@ -16,7 +16,9 @@ namespace moekit::cuda {
 struct DeviceBuffer {
   void* ptr = nullptr;
   // why at least 16 bytes: a zero-byte request still yields a valid, 16-byte-aligned pointer
-  explicit DeviceBuffer(size_t bytes) { MK_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(bytes, 16))); }
+  explicit DeviceBuffer(size_t bytes) {
+    MK_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)));
+  }
   ~DeviceBuffer() { MK_CUDA_WARN(cudaFree(ptr)); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

@@ -298,7 +298,8 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
   const int grid =
       resident_grid(v.fn, v.threads, smem_bytes(stream_kind, chunk), "expert kernel", chunk);
   // The instances launch_experts may pick instead (ExpertsParams::weight_copy_pieces,
-  // deep_ring, l2_keep, down_tail_percent) need their own shared-memory limits raised, and run on the same grid.
+  // deep_ring, l2_keep, down_tail_percent) need their own shared-memory limits raised, and run
+  // on the same grid.
   struct Twin {
     bool split_rows, deep, keep, tail;
     const char* name;
