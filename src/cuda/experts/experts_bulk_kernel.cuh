@@ -128,7 +128,10 @@ struct BulkLayout {
   static constexpr int kBarOffset = kMetaOffset + (kStages + kRedBuffers) * sizeof(BulkItem);
   // then the claim ring's barriers (2 x kClaimSlots) and claimed items (kClaimSlots ints)
   static constexpr int kClaimOffset = kBarOffset + 2 * (kStages + kRedBuffers) * 8;
-  static constexpr int kBytes = kClaimOffset + 2 * kClaimSlots * 8 + kClaimSlots * 4;
+  // then the down tail's mbarrier (kTail: the epilogue warp has seen every CTA's partials)
+  static constexpr int kTailBarOffset = (kClaimOffset + 2 * kClaimSlots * 8 + kClaimSlots * 4 + 7) /
+                                        8 * 8;
+  static constexpr int kBytes = kTailBarOffset + 8;
   static_assert(kPitch % 16 == 0 && kStageBytes % 16 == 0, "bulk copies need 16-byte alignment");
   static_assert(kBarOffset % 8 == 0, "mbarriers need 8-byte alignment");
   // why: sm_90's largest dynamic shared memory per block (227 KB), one CTA per SM
@@ -290,13 +293,14 @@ __device__ __forceinline__ void combine_tail_outputs(const ExpertsParams& p, int
   }
 }
 
-// The warps that combine the down tail (the consumers and the epilogue warp), and the named
-// barrier they meet at once the epilogue warp has seen every CTA's partials.
+// The warps that combine the down tail: the consumers and the epilogue warp. The consumers start
+// once the epilogue warp has seen every CTA's partials, waiting on an mbarrier its lanes arrive
+// on (BulkLayout::kTailBarOffset). why not a named barrier (bar.sync 1, 288, session 12): the two
+// reach it at different instructions, and bar.sync is barrier.sync.aligned, which requires every
+// thread to execute the same one (PTX ISA; compute-sanitizer's synccheck reported "divergent
+// threads in block"); barrier.sync (not aligned) was correct but the kernel 0.35% slower at 16
+// tokens (session 13), the compiler having merged the two paths.
 constexpr int kTailCombineThreads = (kBulkConsumerWarps + 1) * 32;
-constexpr int kTailBarrier = 1;  // (0 is __syncthreads)
-__device__ __forceinline__ void tail_barrier() {
-  asm volatile("bar.sync %0, %1;" ::"n"(kTailBarrier), "n"(kTailCombineThreads) : "memory");
-}
 
 // The bulk kernel's body. kMode kBulkGateUp / kBulkDown: the launch's params are gu / dn (the
 // other is not read). kBulkFused: every CTA runs its gate/up items (dealt by `order`), then its
@@ -341,6 +345,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   uint64_t* claim_full = reinterpret_cast<uint64_t*>(smem + L::kClaimOffset);
   uint64_t* claim_empty = claim_full + kClaimSlots;
   int* claim_ring = reinterpret_cast<int*>(claim_empty + kClaimSlots);
+  uint64_t* tail_ready = reinterpret_cast<uint64_t*>(smem + L::kTailBarOffset);
   // the dispatch (tasks, pair list, task count) and the trace are the same in both params
   const ExpertsParams& dp = kHasGateUp ? gu : dn;
   unsigned long long* const trace = dp.trace;
@@ -360,6 +365,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       mbar_init(&claim_full[c], 32);   // producer 0's lanes
       mbar_init(&claim_empty[c], 32);  // producer 1's lanes (each read the slot)
     }
+    if (kTail) mbar_init(tail_ready, 32);  // the epilogue warp's lanes
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -820,7 +826,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     }
     if (kTail && dn_tail_tiles > 0 && dn.tile_counters != nullptr) {
       wait_for_every_cta(dn.tile_counters + dn_tiles, lane);
-      tail_barrier();  // the consumer warps join (below)
+      mbar_arrive(tail_ready);  // every lane, after its acquire: the consumer warps join (below)
       combine_tail_outputs(dn, dn_tiles - dn_tail_tiles, dn_tiles,
                            static_cast<int>(blockIdx.x) * kTailCombineThreads +
                                kBulkConsumerWarps * 32 + lane,
@@ -866,8 +872,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         mbar_arrive(&red_full[buf]);
         if (kTail && dn_tail_tiles > 0 && dn.tile_counters != nullptr) {
           // the tail's combine, with the epilogue warp once it has seen every CTA's partials
-          tail_barrier();
-          fence_acq_rel_gpu();  // (the epilogue warp's acquire, passed on by the barrier)
+          mbar_wait(tail_ready, 0);
+          fence_acq_rel_gpu();  // (the epilogue warp's acquire, passed on by the mbarrier)
           combine_tail_outputs(dn, dn_tiles - dn_tail_tiles, dn_tiles,
                                static_cast<int>(blockIdx.x) * kTailCombineThreads +
                                    warp * 32 + lane,
