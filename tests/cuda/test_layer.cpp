@@ -651,6 +651,23 @@ TEST(GpuLayerSmall, BulkDownWeightRowsInTwoCopies) {
                                FuseShared::Auto, 60);
 }
 
+// The split-row down instance with a dynamic tail (MOEKIT_EXPERTS_DOWN_TAIL forced at <= 8
+// tokens, where the split-row instance takes 4 KB rows): bit for bit equal to static ranges,
+// fused and unfused, at 1, 2 and 7 tokens.
+TEST(GpuLayerSmall, BulkDownWeightRowsInTwoCopiesWithDynamicTail) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3", 128, 16, 2048);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 19);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 8;
+  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+    for (const char* percent : {"50", "100"}) {
+      expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_TAIL", "0", percent,
+                                   {1, 2, 7}, fuse, 65);
+    }
+  }
+}
+
 // The bulk down kernel's deep ring (4 stages of 2 KB chunks, experts_down_deep_tokens; rows of
 // <= 2 KB: inter 768, as Qwen3-30B-A3B): against the CPU reference and bit for bit equal to the
 // 2-stage ring (a warp takes the same k blocks in the same order). Forced at 40 tokens too (not
@@ -702,6 +719,26 @@ TEST(GpuLayerSmall, BulkDownDynamicTailTiles) {
   expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_TAIL", "0", "50", {9, 40},
                                FuseShared::On, 95);
   unsetenv("MOEKIT_EXPERTS_L2_KEEP_FROM");
+}
+
+// The bulk gate/up kernel's half items (kHalves instance: the dynamic tail's last items claimed
+// as two halves of 4 h rows each): against the CPU reference and bit for bit equal to whole
+// items (each h row is the same sum, only its weight rows are copied in another item). 2 per CTA
+// (at 40 tokens whole tail items, then halves; at 1 and 9 the whole tail halved) and 16 per CTA
+// (every tail item halved); fused and unfused (the shared MLP's gate/up launch halves its tail
+// too).
+TEST(GpuLayerSmall, BulkGateUpHalfTailItems) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3", 256, 16, 256);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 37);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 40;
+  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+    for (const char* per_cta : {"2", "16"}) {
+      expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_HALF_ITEMS", "0", per_cta,
+                                   {1, 9, 40}, fuse, 100);
+    }
+  }
 }
 
 // ---- routing + dispatch alone, on constructed logits ----
@@ -957,18 +994,37 @@ TEST(ExpertsVariant, DownTailParsesAPercentageAndNamesABadOne) {
                       {0, 20, 100}, {"101", "-1", "20%", "x"}, "a percentage, 0 to 100");
 }
 
-TEST(ExpertsVariant, DownTailFrom9To64TokensForHidden7168UnlessForced) {
-  EXPECT_EQ(cuda::experts_down_tail(9, 7168, 8, -1), 20);    // DeepSeek-V3, Kimi-K2
+TEST(ExpertsVariant, DownTailFrom2To128TokensForHidden7168UnlessForced) {
+  EXPECT_EQ(cuda::experts_down_tail(2, 7168, 8, -1), 20);    // DeepSeek-V3, Kimi-K2
   EXPECT_EQ(cuda::experts_down_tail(64, 7168, 8, -1), 20);
-  EXPECT_EQ(cuda::experts_down_tail(8, 7168, 8, -1), 0);     // the split-row instance's
-  EXPECT_EQ(cuda::experts_down_tail(128, 7168, 8, -1), 0);   // equal at 128, +1% at 256
+  EXPECT_EQ(cuda::experts_down_tail(128, 7168, 8, -1), 20);
+  EXPECT_EQ(cuda::experts_down_tail(1, 7168, 8, -1), 0);     // +1.1..+1.3% at one token
+  EXPECT_EQ(cuda::experts_down_tail(129, 7168, 8, -1), 0);   // equal at 192, worse at 256
   EXPECT_EQ(cuda::experts_down_tail(32, 5120, 8, -1), 0);    // GLM-4.5: +0.7% at 32
   EXPECT_EQ(cuda::experts_down_tail(32, 2048, 8, -1), 0);    // Qwen3-30B-A3B: +2.9% at 32
   EXPECT_EQ(cuda::experts_down_tail(32, 2048, 8, 35), 35);   // forced, any hidden
   EXPECT_EQ(cuda::experts_down_tail(300, 7168, 8, 20), 20);
-  EXPECT_EQ(cuda::experts_down_tail(8, 7168, 8, 20), 0);     // never at <= 8 tokens
+  EXPECT_EQ(cuda::experts_down_tail(1, 7168, 8, 20), 20);    // forced: at one token too
   EXPECT_EQ(cuda::experts_down_tail(32, 7168, 8, 0), 0);     // forced off
   EXPECT_EQ(cuda::experts_down_tail(512, 7168, 16, 20), 0);  // chunk 16: no instance
+}
+
+TEST(ExpertsVariant, HalfItemsParsesACountAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_HALF_ITEMS");
+  EXPECT_EQ(cuda::experts_gate_up_half_items_setting(), -1);  // unset: the rule
+  expect_env_int_knob("MOEKIT_EXPERTS_HALF_ITEMS", cuda::experts_gate_up_half_items_setting,
+                      {0, 2, 16}, {"17", "-1", "2 items", "x"}, "items per CTA, 0 to 16");
+}
+
+TEST(ExpertsVariant, HalfItemsUpTo8TokensForHidden7168UnlessForced) {
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 8, -1), 1);  // DeepSeek-V3, Kimi-K2
+  EXPECT_EQ(cuda::experts_gate_up_half_items(8, 7168, 8, -1), 1);
+  EXPECT_EQ(cuda::experts_gate_up_half_items(16, 7168, 8, -1), 0);  // equal at 16
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 2048, 8, -1), 0);   // Qwen3-30B-A3B: +1.5%
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 6144, 8, -1), 0);   // not measured
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 2048, 8, 2), 2);    // forced, any hidden
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 8, 0), 0);    // forced off
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 16, 1), 0);   // chunk 16: no instance
 }
 
 TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {

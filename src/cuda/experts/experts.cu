@@ -1,6 +1,6 @@
 // Launch code of the grouped expert kernels (experts_bulk_kernel.cuh, experts_kernel.cuh): the
-// variant table, the persistent grid size, the launch. Fifteen instantiations in all (CI compiles
-// on two cores).
+// variant table, the persistent grid size, the launch. Twenty-three kernel instances in all (CI
+// compiles them on two cores): 12 bulk, 2 persistent, 9 register kernels.
 //
 // Variants, chosen per forward by experts_stream_default (measured) unless
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent forces one at layer creation:
@@ -70,7 +70,7 @@ constexpr int kDown4MaxBlocks = 4 * 4;
 // tail: the bulk down kernel's dynamic-tail instances (chunk 8, kTail; with keep or without).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
                    bool split_rows = false, bool deep = false, bool keep = false,
-                   bool tail = false) {
+                   bool tail = false, bool halves = false) {
   const bool gate_up = kind == ExpertsKind::GateUp;
   MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
                                           << " (expected 8 or 16)");
@@ -79,11 +79,18 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
     case ExpertsStream::Bulk:
       if (chunk == 8) {
         if (!gate_up && deep) return {experts_bulk_kernel<false, 1, false, true>, kBulkThreads};
-        if (!gate_up && split_rows) return {experts_bulk_kernel<false, 1, true>, kBulkThreads};
+        if (!gate_up && split_rows) {
+          return {tail ? experts_bulk_kernel<false, 1, true, false, false, true>
+                       : experts_bulk_kernel<false, 1, true>,
+                  kBulkThreads};
+        }
         if (!gate_up && tail) {
           return {keep ? experts_bulk_kernel<false, 1, false, false, true, true>
                        : experts_bulk_kernel<false, 1, false, false, false, true>,
                   kBulkThreads};
+        }
+        if (gate_up && halves && !keep) {
+          return {experts_bulk_kernel<true, 1, false, false, false, false, true>, kBulkThreads};
         }
         if (keep) {
           return {gate_up ? experts_bulk_kernel<true, 1, false, false, true>
@@ -232,9 +239,19 @@ int experts_down_tail_percent_setting() {
 }
 
 int experts_down_tail(int tokens, int hidden, int chunk, int forced) {
-  if (chunk != 8 || tokens <= 8) return 0;  // why: experts.h
+  if (chunk != 8) return 0;  // why: experts.h
   if (forced >= 0) return forced;
-  return hidden >= 7168 && tokens <= 64 ? 20 : 0;
+  return hidden >= 7168 && tokens >= 2 && tokens <= 128 ? 20 : 0;
+}
+
+int experts_gate_up_half_items_setting() {
+  return env_int_in_range("MOEKIT_EXPERTS_HALF_ITEMS", -1, 0, 16, "items per CTA, 0 to 16");
+}
+
+int experts_gate_up_half_items(int tokens, int hidden, int chunk, int forced) {
+  if (chunk != 8) return 0;  // why: experts.h
+  if (forced >= 0) return forced;
+  return hidden >= 7168 && tokens <= 8 ? 1 : 0;
 }
 
 int experts_shared_first_tokens() {
@@ -301,16 +318,18 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
   // deep_ring, l2_keep, down_tail_percent) need their own shared-memory limits raised, and run
   // on the same grid.
   struct Twin {
-    bool split_rows, deep, keep, tail;
+    bool split_rows, deep, keep, tail, halves;
     const char* name;
   };
-  for (const Twin& t : {Twin{true, false, false, false, "split-row"},
-                        Twin{false, true, false, false, "deep-ring"},
-                        Twin{false, false, true, false, "L2-keeping"},
-                        Twin{false, false, false, true, "dynamic-tail"},
-                        Twin{false, false, true, true, "L2-keeping dynamic-tail"}}) {
-    const Variant twin =
-        kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.deep, t.keep, t.tail);
+  for (const Twin& t : {Twin{true, false, false, false, false, "split-row"},
+                        Twin{false, true, false, false, false, "deep-ring"},
+                        Twin{false, false, true, false, false, "L2-keeping"},
+                        Twin{false, false, false, true, false, "dynamic-tail"},
+                        Twin{false, false, true, true, false, "L2-keeping dynamic-tail"},
+                        Twin{true, false, false, true, false, "split-row dynamic-tail"},
+                        Twin{false, false, false, false, true, "half-item"}}) {
+    const Variant twin = kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.deep, t.keep,
+                                    t.tail, t.halves);
     if (twin.fn == v.fn) continue;
     MK_CHECK(resident_grid(twin.fn, twin.threads, smem_bytes(stream_kind, chunk, t.deep),
                            "expert kernel", chunk) == grid,
@@ -326,8 +345,9 @@ void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
   MK_CHECK(!tail || p.tile_counters != nullptr,
            "launch_experts: a down tail (down_tail_percent " << p.down_tail_percent
                                                              << ") needs the combine's counters");
+  const bool halves = kind == ExpertsKind::GateUp && p.half_items_per_cta > 0 && chunk == 8;
   const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2, deep,
-                               p.l2_keep != 0, tail);
+                               p.l2_keep != 0, tail, halves);
   launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk, deep), stream, p);
 }
 

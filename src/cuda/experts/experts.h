@@ -56,6 +56,10 @@ struct ExpertsParams {
   // partials (its own kernel instance; why: experts_down_tail). tile_counters then has one more
   // word, the CTAs done. 0: none (every item static)
   int down_tail_percent = 0;
+  // bulk gate/up kernel at chunk 8 without the L2 keep: the last half_items_per_cta x grid items
+  // of its dynamic tail are claimed as two halves each (4 of the tile's 8 h rows; its own kernel
+  // instance; why: experts_gate_up_half_items). 0: whole items only
+  int half_items_per_cta = 0;
   // bulk gate/up with the shared experts fused: their number S (ids first_shared_expert..+S-1,
   // slots top_k..top_k+S-1 of every token; tokens and slots below), whose items are issued
   // before the kernel waits for the dispatch (they need nothing from it); 0: none early
@@ -126,23 +130,40 @@ int experts_l2_keep_from_tokens();
 // tokens >= forced_from > 0; else tokens >= 32 and hidden >= 5120. Chunk 8 only.
 bool experts_l2_keep(int tokens, int hidden, int chunk, int forced_from);
 // The % of the bulk down kernel's output tiles taken dynamically (ExpertsParams::
-// down_tail_percent), forced for every hidden size and batch above 8 tokens:
+// down_tail_percent), forced for every hidden size and batch:
 // MOEKIT_EXPERTS_DOWN_TAIL=0..100 when set (0: never), else -1 (the measured rule of
-// experts_down_tail). Read at each call; layers call once, at creation.
+// experts_down_tail). Read at each call; layers call once, at creation. (The deep-ring instance
+// has no dynamic-tail twin: where it runs, the down kernel keeps static ranges.)
 int experts_down_tail_percent_setting();
 // ExpertsParams::down_tail_percent of the routed down launch (the one with the combine) at
 // `tokens` tokens, `chunk` tokens per task, for experts whose down output has `hidden` rows:
-// with forced >= 0 (the variable set), forced above 8 tokens; else 20 from 9 to 64 tokens at
-// hidden >= 7168; chunk 8 only. Why a dynamic tail: the down CTAs' static ranges end up to
+// with forced >= 0 (the variable set), forced; else 20 from 2 to 128 tokens at hidden >= 7168;
+// chunk 8 only. Why a dynamic tail: the down CTAs' static ranges end up to
 // ~100 us apart at 32-128 tokens (their stream rates differ, and not by SM: session 12's CTA
 // trace). Measured on the H200, 20% against none, same run (bench/results/h200/2026-11-30-s12-
 // experiments): DeepSeek-V3 and Kimi-K2 -1.4..-1.7% at 16-32 tokens, -0.4..-0.5% at 64, equal
 // at 128, +0.9..+1.5% at 256 (run 3, the 4.63 TB/s kind); -0.2..-0.8% at 9-64 (run 4, the 4.53
 // kind); GLM-5, MiniMax-M3 (6144) within 0.2% at 16-64 (run 4); GLM-4.5 (5120) equal at 16,
 // +0.4..+2.6% from 32, Qwen3-30B-A3B (2048) +2.5..+8% everywhere (run 3: small items, so the
-// claims and the tail's wait for every CTA weigh more). Not at <= 8 tokens: that wait cost
-// Qwen3-30B-A3B 9% at 1 token (session 7), and the split-row instance takes DeepSeek-V3 there.
+// claims and the tail's wait for every CTA weigh more). Session 13 (bench/results/h200/
+// 2026-11-30-s13-experiments, 20% against none): at 65-128 tokens DeepSeek-V3 and Kimi-K2
+// -0.3..-0.7% (80, 96, 112; 128 0..-0.3%), 192-256 equal or worse; at 2-8 tokens, where the
+// split-row instance runs (its kTail twin), DeepSeek-V3 -0.9..-1.9%, Kimi-K2 -0.4..-1.0%, but at
+// 1 token +1.1..+1.3% for both (the wait for every CTA against a ~200 us layer).
 int experts_down_tail(int tokens, int hidden, int chunk, int forced);
+// MOEKIT_EXPERTS_HALF_ITEMS=0..16 when set, else -1 (the measured rule of
+// experts_gate_up_half_items). Read at each call; layers call once, at creation.
+int experts_gate_up_half_items_setting();
+// ExpertsParams::half_items_per_cta of the gate/up launches at `tokens` tokens, `chunk` tokens per
+// task, for experts of hidden size `hidden` (the caller leaves it 0 with the L2 keep, which has
+// no half-item instance): with forced >= 0, forced; else 1 at <= 8 tokens for hidden >= 7168;
+// chunk 8 only. Why: the gate/up CTAs end 7.7-12 us apart at one token (DeepSeek-V3, session 12),
+// their last claimed items being 16 rows x 14 KB, ~6.7 us of one CTA's stream, claimed three
+// items ahead. Measured on the H200, 1 against 0, same run (bench/results/h200/2026-11-30-s13-
+// experiments, two H200s): DeepSeek-V3 T=1 -0.1..-0.6%, T=2 -0.6..-1.6%, T=4 -1.8..-2.2%, T=8
+// -0.5..-2.0%, T=16 equal; Kimi-K2 T=1-8 -0.6..-1.8%; Qwen3-30B-A3B (2048) +0.4..+1.5% at 1-16
+// (2 per CTA: +2..+3%).
+int experts_gate_up_half_items(int tokens, int hidden, int chunk, int forced);
 // The most tokens at which the bulk gate/up kernel issues the fused shared experts' items before
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.

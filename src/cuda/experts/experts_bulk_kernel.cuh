@@ -174,6 +174,7 @@ struct ProducerItem {
   int tile;
   int pair;
   bool down;  // fused kernel: a down item
+  int half = 0;  // kHalves: 0 the whole item, 1 / 2 its first / second half (h rows 0-3 / 4-7)
 };
 
 // Weight row i (0..15) of an item's m16 tile: gate rows r0.. then up rows I+r0.. (gate/up), or
@@ -316,12 +317,17 @@ constexpr int kTailCombineThreads = (kBulkConsumerWarps + 1) * 32;
 // its code as a runtime choice cost Qwen3-30B-A3B 1-2% with the choice off, session 11).
 // kTail (down, with a combine): the last dn.down_tail_percent % of the output tiles are a
 // dynamic tail (ExpertsParams::down_tail_percent; wait_for_every_cta, combine_tail_outputs).
+// kHalves (gate/up): the launch's last claimed items go as two half items each
+// (ExpertsParams::half_items_per_cta): 4 of the tile's 8 h rows, i.e. 8 of its 16 weight rows,
+// copied to their usual stage rows (the others hold stale bytes: their mma rows are computed
+// and not stored), so the CTAs' last claims are half as long.
 template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false,
-          bool kTail = false>
+          bool kTail = false, bool kHalves = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done, int order) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
   static_assert(!kTail || kMode == kBulkDown, "kTail: the down kernel's");
+  static_assert(!kHalves || (kMode == kBulkGateUp && !kKeep), "kHalves: the gate/up kernel's");
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   constexpr bool kFused = kMode == kBulkFused;
@@ -426,8 +432,10 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
     const int k0 = chunk * kChunkBlocks * kBlockK;
     const __nv_bfloat16* src = nullptr;
+    // kHalves: a half item's weight rows (gate and up rows 4(half-1)..+3: lanes & 7 of them)
+    const int half = kHalves ? (rec[4] >> 2) & 3 : 0;
     if (lane < kBulkWeightRows) {
-      if (weights) {
+      if (weights && (!kHalves || half == 0 || ((lane & 7) >> 2) == half - 1)) {
         src = (down ? tile_row<false>(dn, expert, tile * kDownTileRows, lane)
                     : tile_row<true>(gu, expert, tile * kGateUpTileRows, lane)) +
               k0;
@@ -466,12 +474,13 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       m.tile = it.tile;
       m.count = it.task.count;
       m.chunk = c;
-      m.down = down;
+      m.down = kHalves ? down | (it.half << 2) : down;  // kHalves: the half in bits 2-3
       m.task = it.task_id;
       if (kKeep) m.more = it.task.more;
       const int blocks = min(kChunkBlocks, nkb - c * kChunkBlocks);
       const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
-      mbar_arrive_expect_tx(&full[s], row_bytes * (kBulkWeightRows + it.task.count));
+      const int weight_rows = kHalves && it.half != 0 ? kBulkWeightRows / 2 : kBulkWeightRows;
+      mbar_arrive_expect_tx(&full[s], row_bytes * (weight_rows + it.task.count));
     } else {
       mbar_arrive(&full[s]);
     }
@@ -556,6 +565,11 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
           ? gu_total
           : gu_total - static_cast<int>(static_cast<long long>(gu_total) *
                                         dp.dynamic_tail_percent / 100);
+  // kHalves: the tail's last gu_halved items are claimed as two halves each (claims
+  // gu_claim_whole.. of the tail), after its gu_claim_whole whole items
+  const int gu_halved =
+      kHalves ? min(gu.half_items_per_cta * static_cast<int>(gridDim.x), gu_total - gu_static) : 0;
+  const int gu_claim_whole = gu_total - gu_static - gu_halved;
   const bool gu_round_robin = kFused && order == kGateUpRoundRobin;
   const int gu_begin = range(gu_static, blockIdx.x);
   const int gu_count = gu_round_robin
@@ -599,8 +613,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         c = claim_ring[slot];
         mbar_arrive(&claim_empty[slot]);  // every lane: each read the slot
       }
-      const int item = (kTail ? dn_static : gu_static) + c;
-      if (item < (kTail ? dn_total : gu_total)) return item;
+      if constexpr (kHalves) {
+        if (c < gu_claim_whole + 2 * gu_halved) return c;  // (fetch maps it to item and half)
+      } else {
+        const int item = (kTail ? dn_static : gu_static) + c;
+        if (item < (kTail ? dn_total : gu_total)) return item;
+      }
       claims_left = false;
       return -1;
     };
@@ -614,6 +632,16 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         if constexpr (kTail) {
           it.tile = it.item < 0 ? 0 : it.item / num_tasks;  // (no tasks: no claims either)
           task = it.item < 0 ? 0 : it.item - it.tile * num_tasks;
+        } else if constexpr (kHalves) {
+          const int c = it.item;  // the claim: a whole tail item, or a half of a last one
+          if (c >= gu_claim_whole) {
+            it.item = gu_total - gu_halved + (c - gu_claim_whole) / 2;
+            it.half = 1 + ((c - gu_claim_whole) & 1);
+          } else if (c >= 0) {
+            it.item = gu_static + c;
+          }
+          it.tile = it.item < 0 ? 0 : it.item / gu_div;
+          task = it.item < 0 ? 0 : it.item - it.tile * gu_div;
         } else {
           it.tile = it.item < 0 ? 0 : it.item / gu_div;
           task = it.item < 0 ? 0 : it.item - it.tile * gu_div;
@@ -698,6 +726,13 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     };
     bool waited = kHasGateUp;
     bool down_started = false;
+    // The down kernel's stages whose weight copies go out before its wait for h: the whole ring,
+    // but one stage of the deep ring (Qwen3-30B-A3B's 1.5 KB rows at <= 8 tokens). why: its 4
+    // stages' early copies (~12 MB over the grid) go out while the last gate/up CTAs stream, and
+    // the wait for those ends later. Measured on the H200, same run (bench/results/h200/
+    // 2026-11-30-s13-experiments, run 4): Qwen3-30B-A3B T=1 32.2 -> 31.75 us (-1.4%), T=2 -0.7%,
+    // T=4 equal, T=8 +0.2%. With 4 KB rows (DeepSeek-V3: 2 stages) 1 stage was equal (run 1).
+    constexpr int kEarlyStages = kDeep ? 1 : kStages;
     int n = pre_fills;  // stage fills so far
     // Two items of look-ahead: item i+1's pair ids and item i+2's task are in flight while item
     // i's stages are issued (a down item can be a single ~24 KB stage, shorter than the two
@@ -719,13 +754,13 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       for (int c = 0; c < nchunks; ++c, ++n) {
         if (!owns(n)) continue;
         const int s = n % kStages;
-        if (!waited && n >= kStages) {
-          // the ring is full of weights: wait for h, then complete the stages issued so far
+        if (!waited && n >= kEarlyStages) {
+          // the early stages hold weights: wait for h, then complete the stages issued so far
           pdl_wait();
           waited = true;
           pdl_launch_dependents();  // the next layer's router GEMM may load its weights (header)
           if (lane == 0) trace_mark(trace, kTraceDownWaited);
-          for (int q = 0; q < kStages; ++q) {
+          for (int q = 0; q < kEarlyStages; ++q) {
             if (owns(q)) issue_copies(q, stage_meta[q], false, true);
           }
         }
@@ -784,8 +819,17 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         if (lane == 0) trace_cta_end(trace, kTraceGateUpEnd, kTraceCtaGateUp);
       }
       if (!down) {
-        store_item_outputs<true, kNT>(gu, m.expert, tile * kGateUpTileRows, m.count, m.pairs,
-                                      acc, g, t);
+        if constexpr (kHalves) {
+          // a half item's h rows only (lane row g: gate row g and up row g, fragment rows g, g+8)
+          const int half = (m.down >> 2) & 3;
+          if (half == 0 || (g >> 2) == half - 1) {
+            store_item_outputs<true, kNT>(gu, m.expert, tile * kGateUpTileRows, m.count, m.pairs,
+                                          acc, g, t);
+          }
+        } else {
+          store_item_outputs<true, kNT>(gu, m.expert, tile * kGateUpTileRows, m.count, m.pairs,
+                                        acc, g, t);
+        }
         __syncwarp();
         mbar_arrive(&red_empty[buf]);  // the buffer and its record are read
         if constexpr (kFused) {
@@ -940,12 +984,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 }
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
-// kSplitRows, kDeep, kKeep and kTail as experts_bulk_body.
+// kSplitRows, kDeep, kKeep, kTail and kHalves as experts_bulk_body.
 template <bool kGateUp, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false,
-          bool kTail = false>
+          bool kTail = false, bool kHalves = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
-  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kDeep, kKeep, kTail>(
-      p, p, nullptr, 0);
+  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kDeep, kKeep, kTail,
+                    kHalves>(p, p, nullptr, 0);
 }
 
 // Gate/up and down in one persistent grid (grid <= resident CTAs; task_done zeroed by the

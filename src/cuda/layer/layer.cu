@@ -102,6 +102,7 @@ struct GpuMoeLayer::Impl {
   int down_deep_tokens = 0;                    // ... its MOEKIT_EXPERTS_DOWN_DEEP
   int l2_keep_from = -1;                       // the bulk kernels' MOEKIT_EXPERTS_L2_KEEP_FROM
   int down_tail_setting = -1;                  // the bulk down kernel's MOEKIT_EXPERTS_DOWN_TAIL
+  int half_items_setting = -1;                 // the bulk gate/up kernel's MOEKIT_EXPERTS_HALF_ITEMS
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -328,6 +329,7 @@ struct GpuMoeLayer::Impl {
     down_deep_tokens = experts_down_deep_tokens();
     l2_keep_from = experts_l2_keep_from_tokens();
     down_tail_setting = experts_down_tail_percent_setting();
+    half_items_setting = experts_gate_up_half_items_setting();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -369,10 +371,12 @@ struct GpuMoeLayer::Impl {
     return false;
   }
 
-  // l2_keep: ExpertsParams::l2_keep of this forward (experts_l2_keep)
-  ExpertsParams experts_common(int l2_keep) const {
+  // l2_keep, half_items: ExpertsParams::l2_keep and half_items_per_cta of this forward
+  // (experts_l2_keep, experts_gate_up_half_items)
+  ExpertsParams experts_common(int l2_keep, int half_items) const {
     ExpertsParams p;
     p.dynamic_tail_percent = dynamic_tail_percent;
+    p.half_items_per_cta = half_items;  // (read by the gate/up launches only)
     p.l2_keep = l2_keep;
     p.activation = spec.activation;
     p.limit = spec.swiglu_limit;
@@ -394,6 +398,9 @@ struct GpuMoeLayer::Impl {
     const ExpertsStream sk = kind_for(tokens);
     const int down_tail =
         sk == ExpertsStream::Bulk ? experts_down_tail(tokens, H, chunk, down_tail_setting) : 0;
+    const int half_items = sk == ExpertsStream::Bulk && !l2_keep
+                               ? experts_gate_up_half_items(tokens, H, chunk, half_items_setting)
+                               : 0;
     const int vi = static_cast<int>(sk);
     const bool one_expert_launch = sk == ExpertsStream::Persistent;
     const bool shared_unfused = has_shared && !fused;
@@ -436,7 +443,7 @@ struct GpuMoeLayer::Impl {
 
     // 2a/2b. unfused shared MLP as its own GEMMs: one dense "expert" of width Is
     if (shared_unfused) {
-      ExpertsParams g = experts_common(l2_keep);
+      ExpertsParams g = experts_common(l2_keep, half_items);
       g.w = shared_w13.as<__nv_bfloat16>();
       g.inter = Is;
       g.rows = Is;
@@ -452,7 +459,7 @@ struct GpuMoeLayer::Impl {
       g.h = shared_h.as<__nv_bfloat16>();
       launch_experts(ExpertsKind::GateUp, chunk, sk, g, grid[vi][0][ci], st);
 
-      ExpertsParams d = experts_common(l2_keep);
+      ExpertsParams d = experts_common(l2_keep, half_items);
       d.w = shared_w2.as<__nv_bfloat16>();
       d.inter = Is;
       d.rows = H;
@@ -470,7 +477,7 @@ struct GpuMoeLayer::Impl {
     }
 
     // 3. routed (+ fused shared) gate/up
-    ExpertsParams g = experts_common(l2_keep);
+    ExpertsParams g = experts_common(l2_keep, half_items);
     g.w = w13.as<__nv_bfloat16>();
     g.w_expert_stride = static_cast<long long>(2) * I * H;
     g.bias = spec.has_expert_bias ? b13.as<float>() : nullptr;
@@ -496,7 +503,7 @@ struct GpuMoeLayer::Impl {
     }
 
     // 4. down + weighted combine (Persistent: one launch with gate/up)
-    ExpertsParams d = experts_common(l2_keep);
+    ExpertsParams d = experts_common(l2_keep, half_items);
     d.w = w2.as<__nv_bfloat16>();
     d.w_expert_stride = static_cast<long long>(H) * I;
     d.bias = spec.has_expert_bias ? b2.as<float>() : nullptr;
