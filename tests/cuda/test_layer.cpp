@@ -249,6 +249,19 @@ void expect_knob_keeps_the_output(const MoeSpec& spec, const LayerWeights& w,
   }
 }
 
+// expect_knob_keeps_the_output for each of `on_values`, fused and unfused.
+void expect_knob_values_keep_the_output(const MoeSpec& spec, const LayerWeights& w,
+                                        const cuda::GpuLayerOptions& opt, const char* name,
+                                        const char* off,
+                                        std::initializer_list<const char*> on_values,
+                                        std::initializer_list<int> tokens, int seed) {
+  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+    for (const char* on : on_values) {
+      expect_knob_keeps_the_output(spec, w, opt, name, off, on, tokens, fuse, seed);
+    }
+  }
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (const auto& m : kModels) {
@@ -660,12 +673,8 @@ TEST(GpuLayerSmall, BulkDownWeightRowsInTwoCopiesWithDynamicTail) {
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 19);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 8;
-  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
-    for (const char* percent : {"50", "100"}) {
-      expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_TAIL", "0", percent,
-                                   {1, 2, 7}, fuse, 65);
-    }
-  }
+  expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_TAIL", "0", {"50", "100"},
+                                     {1, 2, 7}, 65);
 }
 
 // The bulk down kernel's deep ring (4 stages of 2 KB chunks, experts_down_deep_tokens; rows of
@@ -709,12 +718,8 @@ TEST(GpuLayerSmall, BulkDownDynamicTailTiles) {
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 31);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 40;
-  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
-    for (const char* percent : {"50", "100"}) {
-      expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_TAIL", "0", percent,
-                                   {1, 9, 40}, fuse, 90);
-    }
-  }
+  expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_TAIL", "0", {"50", "100"},
+                                     {1, 9, 40}, 90);
   setenv("MOEKIT_EXPERTS_L2_KEEP_FROM", "1", 1);
   expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_DOWN_TAIL", "0", "50", {9, 40},
                                FuseShared::On, 95);
@@ -733,12 +738,8 @@ TEST(GpuLayerSmall, BulkGateUpHalfTailItems) {
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 37);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 40;
-  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
-    for (const char* per_cta : {"2", "16"}) {
-      expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_HALF_ITEMS", "0", per_cta,
-                                   {1, 9, 40}, fuse, 100);
-    }
-  }
+  expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_HALF_ITEMS", "0", {"2", "16"},
+                                     {1, 9, 40}, 100);
 }
 
 // ---- routing + dispatch alone, on constructed logits ----

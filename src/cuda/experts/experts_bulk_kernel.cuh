@@ -128,9 +128,10 @@ struct BulkLayout {
   static constexpr int kBarOffset = kMetaOffset + (kStages + kRedBuffers) * sizeof(BulkItem);
   // then the claim ring's barriers (2 x kClaimSlots) and claimed items (kClaimSlots ints)
   static constexpr int kClaimOffset = kBarOffset + 2 * (kStages + kRedBuffers) * 8;
-  // then the down tail's mbarrier (kTail: the epilogue warp has seen every CTA's partials)
-  static constexpr int kTailBarOffset = (kClaimOffset + 2 * kClaimSlots * 8 + kClaimSlots * 4 + 7) /
-                                        8 * 8;
+  // then the down tail's mbarrier (kTail: the epilogue warp has seen every CTA's partials),
+  // 8-byte aligned after the claimed items
+  static constexpr int kClaimEnd = kClaimOffset + 2 * kClaimSlots * 8 + kClaimSlots * 4;
+  static constexpr int kTailBarOffset = (kClaimEnd + 7) / 8 * 8;
   static constexpr int kBytes = kTailBarOffset + 8;
   static_assert(kPitch % 16 == 0 && kStageBytes % 16 == 0, "bulk copies need 16-byte alignment");
   static_assert(kBarOffset % 8 == 0, "mbarriers need 8-byte alignment");

@@ -102,7 +102,7 @@ struct GpuMoeLayer::Impl {
   int down_deep_tokens = 0;                    // ... its MOEKIT_EXPERTS_DOWN_DEEP
   int l2_keep_from = -1;                       // the bulk kernels' MOEKIT_EXPERTS_L2_KEEP_FROM
   int down_tail_setting = -1;                  // the bulk down kernel's MOEKIT_EXPERTS_DOWN_TAIL
-  int half_items_setting = -1;                 // the bulk gate/up kernel's MOEKIT_EXPERTS_HALF_ITEMS
+  int half_items_setting = -1;                 // the gate/up kernel's MOEKIT_EXPERTS_HALF_ITEMS
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
