@@ -60,7 +60,8 @@
 // Down tail (the kTail instances, chosen by experts_down_tail): the last tiles' items are claimed
 // one by one, as gate/up's tail; they are combined once every CTA has counted its partials
 // written (wait_for_every_cta), by the consumer and epilogue warps of the whole grid
-// (combine_tail_outputs). Measured on the H200 at 9-64 tokens: DeepSeek-V3 -0.2..-1.7%.
+// (combine_tail_outputs). Measured on the H200 at 9-64 tokens: DeepSeek-V3 -0.2..-1.7%; at 2-8
+// tokens (the split-row instance's twin) -0.9..-1.9% (experts_down_tail).
 // Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
 #pragma once
 
