@@ -742,6 +742,29 @@ TEST(GpuLayerSmall, BulkGateUpHalfTailItems) {
                                      {1, 9, 40}, 100);
 }
 
+// No routing kernel at one token (MOEKIT_EXPERTS_SELF_ROUTE=1): the gate/up kernel routes its
+// token from the logits and its CTA 0 writes the routing and dispatch for the down kernel. Against
+// the CPU reference and bit for bit equal to the routing kernel's path, with two forwards at one
+// token (the second claims its dynamic tail from the work counter the first left zeroed) before
+// and one after a forward at 9 tokens (the routing kernel's) in the same layer; models
+// without shared experts: softmax + renormalise (Qwen3), router bias + softmax of the top-k +
+// clamped SwiGLU (gpt-oss), 8 experts (Mixtral). 3 launches at one token, 4 at two.
+TEST(GpuLayerSmall, SelfRoutedGateUpAtOneToken) {
+  SKIP_WITHOUT_GPU();
+  for (const char* model : {"qwen3-30b-a3b", "gpt-oss-120b", "mixtral-8x7b"}) {
+    const MoeSpec spec = small_spec(model, 256, model == std::string("mixtral-8x7b") ? 8 : 16, 128);
+    ASSERT_EQ(spec.shared_slots(), 0) << model;
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 43);
+    cuda::GpuLayerOptions opt;
+    opt.max_tokens = 9;
+    expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_SELF_ROUTE", "0", "1",
+                                 {1, 1, 9, 1}, FuseShared::Auto, 120);
+    const auto gpu = create_bulk_with_knob(*w, opt, "MOEKIT_EXPERTS_SELF_ROUTE", "1");
+    EXPECT_EQ(gpu->count_launches(1, false).kernels, 3) << model;
+    EXPECT_EQ(gpu->count_launches(2, false).kernels, 4) << model;
+  }
+}
+
 // ---- routing + dispatch alone, on constructed logits ----
 
 // Tie-free logits: a per-token permutation of evenly spaced values (0.05 apart).
@@ -1026,6 +1049,13 @@ TEST(ExpertsVariant, HalfItemsUpTo8TokensForHidden7168UnlessForced) {
   EXPECT_EQ(cuda::experts_gate_up_half_items(1, 2048, 8, 2), 2);    // forced, any hidden
   EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 8, 0), 0);    // forced off
   EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 16, 1), 0);   // chunk 16: no instance
+}
+
+TEST(ExpertsVariant, SelfRouteParsesATokenCountAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_SELF_ROUTE");
+  EXPECT_EQ(cuda::experts_self_route_tokens(), 1);  // on at one token by default
+  expect_env_int_knob("MOEKIT_EXPERTS_SELF_ROUTE", cuda::experts_self_route_tokens, {0, 1},
+                      {"2", "-1", "on", "x"}, "a token count, 0 or 1");
 }
 
 TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {

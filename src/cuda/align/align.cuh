@@ -163,9 +163,11 @@ __device__ __forceinline__ void align_block(const RoutingParams& p, const int* l
 // __syncthreads; the other warps zero the counters meanwhile. Measured against align_block
 // (H200, bench/results/h200/2026-11-30-s7-experiments): 0.3-0.7 us less per layer at T=1.
 // Preconditions: p.tokens * slots <= 32; ids in local_ids (shared memory, written by this CTA
-// before a __syncthreads).
-__device__ __forceinline__ void align_small(const RoutingParams& p, const int* local_ids) {
-  const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31;
+// before a __syncthreads). tid, nthreads: this thread among the nthreads (>= 32) that call it;
+// thread 0's warp builds the lists.
+__device__ __forceinline__ void align_small(const RoutingParams& p, const int* local_ids, int tid,
+                                            int nthreads) {
+  const int lane = tid & 31;
   const int rows = p.weight_rows;
   const int slots = p.cfg.top_k + p.cfg.shared_slots;
   const int pairs = p.tokens * slots;
@@ -202,6 +204,35 @@ __device__ __forceinline__ void align_small(const RoutingParams& p, const int* l
   }
   if (p.task_done != nullptr && lane < total_tasks) p.task_done[lane] = 0;
   if (lane == 0) publish_counts(p, total_tasks, shared_chunks);
+}
+
+__device__ __forceinline__ void align_small(const RoutingParams& p, const int* local_ids) {
+  align_small(p, local_ids, threadIdx.x, blockDim.x);
+}
+
+// align_small's task and pair lists for ONE token whose top_k picks are distinct experts, in
+// registers instead of memory: lane j holds pick j in `pick`; lane r gets task r and pair-list
+// entry r as align_small writes them (tasks in expert order, one pair each: task r is
+// {expert of rank r, r, 1, 0}, entry r its slot). Returns the task count, top_k. For the gate/up
+// kernel that routes its token itself (ExpertsParams::self_route).
+__device__ __forceinline__ int one_token_dispatch_lanes(int pick, int top_k, int lane,
+                                                        ExpertTask& task, int& pair) {
+  const int key = lane < top_k ? pick : 0x7fffffff;
+  int rank = 0;
+#pragma unroll 1
+  for (int l = 0; l < top_k; ++l) rank += __shfl_sync(0xffffffffu, key, l) < key;
+  task = ExpertTask{0, 0, 0, 0};
+  pair = 0;
+#pragma unroll 1
+  for (int j = 0; j < top_k; ++j) {
+    const int rank_j = __shfl_sync(0xffffffffu, rank, j);
+    const int expert_j = __shfl_sync(0xffffffffu, key, j);
+    if (rank_j == lane) {
+      task = ExpertTask{expert_j, lane, 1, 0};
+      pair = j;
+    }
+  }
+  return top_k;
 }
 
 }  // namespace moekit::cuda::align_detail

@@ -1,6 +1,6 @@
 // Launch code of the grouped expert kernels (experts_bulk_kernel.cuh, experts_kernel.cuh): the
-// variant table, the persistent grid size, the launch. Twenty-three kernel instances in all (CI
-// compiles them on two cores): 12 bulk, 2 persistent, 9 register kernels.
+// variant table, the persistent grid size, the launch. Twenty-four kernel instances in all (CI
+// compiles them on two cores): 13 bulk, 2 persistent, 9 register kernels.
 //
 // Variants, chosen per forward by experts_stream_default (measured) unless
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent forces one at layer creation:
@@ -70,7 +70,7 @@ constexpr int kDown4MaxBlocks = 4 * 4;
 // tail: the bulk down kernel's dynamic-tail instances (chunk 8, kTail; with keep or without).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
                    bool split_rows = false, bool deep = false, bool keep = false,
-                   bool tail = false, bool halves = false) {
+                   bool tail = false, bool halves = false, bool self_route = false) {
   const bool gate_up = kind == ExpertsKind::GateUp;
   MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
                                           << " (expected 8 or 16)");
@@ -87,6 +87,10 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
         if (!gate_up && tail) {
           return {keep ? experts_bulk_kernel<false, 1, false, false, true, true>
                        : experts_bulk_kernel<false, 1, false, false, false, true>,
+                  kBulkThreads};
+        }
+        if (gate_up && self_route && !keep && !halves) {
+          return {experts_bulk_kernel<true, 1, false, false, false, false, false, true>,
                   kBulkThreads};
         }
         if (gate_up && halves && !keep) {
@@ -254,6 +258,10 @@ int experts_gate_up_half_items(int tokens, int hidden, int chunk, int forced) {
   return hidden >= 7168 && tokens <= 8 ? 1 : 0;
 }
 
+int experts_self_route_tokens() {
+  return env_int_in_range("MOEKIT_EXPERTS_SELF_ROUTE", 1, 0, 1, "a token count, 0 or 1");
+}
+
 int experts_shared_first_tokens() {
   // Measured on the H200, DeepSeek-V3 fused, same run (bench/results/h200/2026-11-30-s7-
   // experiments): shared items first, T=1 205.5 -> 199.1 us, T=8 1197.5 -> 1182.7, T=32 3306.7
@@ -318,18 +326,19 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
   // deep_ring, l2_keep, down_tail_percent) need their own shared-memory limits raised, and run
   // on the same grid.
   struct Twin {
-    bool split_rows, deep, keep, tail, halves;
+    bool split_rows, deep, keep, tail, halves, self_route;
     const char* name;
   };
-  for (const Twin& t : {Twin{true, false, false, false, false, "split-row"},
-                        Twin{false, true, false, false, false, "deep-ring"},
-                        Twin{false, false, true, false, false, "L2-keeping"},
-                        Twin{false, false, false, true, false, "dynamic-tail"},
-                        Twin{false, false, true, true, false, "L2-keeping dynamic-tail"},
-                        Twin{true, false, false, true, false, "split-row dynamic-tail"},
-                        Twin{false, false, false, false, true, "half-item"}}) {
+  for (const Twin& t : {Twin{true, false, false, false, false, false, "split-row"},
+                        Twin{false, true, false, false, false, false, "deep-ring"},
+                        Twin{false, false, true, false, false, false, "L2-keeping"},
+                        Twin{false, false, false, true, false, false, "dynamic-tail"},
+                        Twin{false, false, true, true, false, false, "L2-keeping dynamic-tail"},
+                        Twin{true, false, false, true, false, false, "split-row dynamic-tail"},
+                        Twin{false, false, false, false, true, false, "half-item"},
+                        Twin{false, false, false, false, false, true, "self-routing"}}) {
     const Variant twin = kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.deep, t.keep,
-                                    t.tail, t.halves);
+                                    t.tail, t.halves, t.self_route);
     if (twin.fn == v.fn) continue;
     MK_CHECK(resident_grid(twin.fn, twin.threads, smem_bytes(stream_kind, chunk, t.deep),
                            "expert kernel", chunk) == grid,
@@ -346,8 +355,14 @@ void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
            "launch_experts: a down tail (down_tail_percent " << p.down_tail_percent
                                                              << ") needs the combine's counters");
   const bool halves = kind == ExpertsKind::GateUp && p.half_items_per_cta > 0 && chunk == 8;
+  const bool self_route = kind == ExpertsKind::GateUp && p.self_route != 0;
+  MK_CHECK(!self_route || (chunk == 8 && stream_kind == ExpertsStream::Bulk && !halves &&
+                           p.l2_keep == 0 && p.route.tokens == 1 &&
+                           p.route.cfg.num_experts <= 128 && p.route.cfg.shared_slots == 0),
+           "launch_experts: a self-routing gate/up launch needs chunk 8, the bulk kernel, one "
+           "token, E <= 128 and no shared slots");
   const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2, deep,
-                               p.l2_keep != 0, tail, halves);
+                               p.l2_keep != 0, tail, halves, self_route);
   launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk, deep), stream, p);
 }
 

@@ -65,6 +65,14 @@ struct ExpertsParams {
   // before the kernel waits for the dispatch (they need nothing from it); 0: none early
   int early_shared = 0;
   int first_shared_expert = 0;
+  // bulk gate/up at one token without shared experts, E <= 128: 1 when no routing kernel runs
+  // before it, and the kernel routes its token itself from the logits (`route`: the routing
+  // kernel's params, whose routing and dispatch its CTA 0 writes for the down kernel; its own
+  // instance; why: experts_self_route_tokens), else 0
+  int self_route = 0;
+  RoutingParams route;
+  // (self_route: its CTAs done claiming from work_counter, which its last CTA zeroes with this)
+  int* self_route_ctas_done = nullptr;
   // gate/up output h [pairs, inter] bf16 and activation
   __nv_bfloat16* h = nullptr;
   Activation activation = Activation::Silu;
@@ -168,6 +176,19 @@ int experts_gate_up_half_items(int tokens, int hidden, int chunk, int forced);
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.
 int experts_shared_first_tokens();
+// The most tokens (0 or 1) at which the layer runs no routing kernel for models without shared
+// experts (E <= 128): the bulk gate/up kernel routes its one token from the logits itself
+// (route_token, the routing kernel's code: the same ids), each CTA for its producers, CTA 0 also
+// writing the ids, weights and dispatch for the down kernel; 3 launches per layer.
+// MOEKIT_EXPERTS_SELF_ROUTE=0|1 when set (read at each call; layers call once, at creation),
+// else 1. Why: Qwen3-30B-A3B T=1 spent ~6 us before its gate/up kernel streamed (router 1.8 us,
+// the routing kernel's dispatch written at 5.6, the gate/up wait at 6.1-6.7: session 13's
+// trace); self-routed, its gate/up wait returns at 2.6-2.8. Measured on the H200, same run
+// (bench/results/h200/2026-11-30-s14-experiments, run 3): Qwen3-30B-A3B T=1 31.55 -> 30.3 us
+// (-4.0%), Qwen3-235B-A22B 85.3 -> 84.2 (-1.3%), gpt-oss-120b 63.0 -> 62.25 (-1.2%), Mixtral
+// 183.65 -> 183.8 (equal). With static ranges only (no dynamic tail) Mixtral lost 1.7% and
+// gpt-oss 0.3% (run 1): hence the kernel's own work counter (DispatchCounters::self_route_work).
+int experts_self_route_tokens();
 // The most tokens at which the bulk down kernel may run one CTA per 16-row output tile
 // (experts_down_grid): MOEKIT_EXPERTS_WHOLE_TILES=0.. when set (0: never; read at each call;
 // layers call once, at creation), else the measured default.

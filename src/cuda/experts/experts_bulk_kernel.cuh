@@ -62,6 +62,9 @@
 // written (wait_for_every_cta), by the consumer and epilogue warps of the whole grid
 // (combine_tail_outputs). Measured on the H200 at 9-64 tokens: DeepSeek-V3 -0.2..-1.7%; at 2-8
 // tokens (the split-row instance's twin) -0.9..-1.9% (experts_down_tail).
+// Self-routing gate/up (the kSelfRoute instance, one token, no shared experts, E <= 128): no
+// routing kernel runs; the gate/up kernel waits on the router GEMM and routes its token itself
+// (experts_self_route_tokens: Qwen3-30B-A3B T=1 -4.0%).
 // Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
 #pragma once
 
@@ -75,6 +78,7 @@
 #include "cuda/experts/experts_common.cuh"
 #include "cuda/layer/pdl.cuh"
 #include "cuda/layer/trace.cuh"
+#include "cuda/routing/routing_kernel.cuh"
 
 namespace moekit::cuda::experts_detail {
 
@@ -305,6 +309,22 @@ __device__ __forceinline__ void combine_tail_outputs(const ExpertsParams& p, int
 // tokens (session 13), the compiler having merged the two paths.
 constexpr int kTailCombineThreads = (kBulkConsumerWarps + 1) * 32;
 
+// kSelfRoute: the routing of the launch's one token by this warp (route_token, the routing
+// kernel's code: the same ids; E <= 128, so 4 experts per lane), after the wait for the router
+// GEMM. write: also the ids and weights, and through align_small the dispatch and counters the
+// down kernel reads (CTA 0's epilogue warp), else only lane j's pick j in `pick`.
+__device__ __forceinline__ void self_route_token(const RoutingParams& p, int lane, bool write,
+                                                 int* local_ids, int* pick) {
+  constexpr int kPer = 4;
+  float bias[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    bias[i] = p.cfg.has_correction_bias && e < p.cfg.num_experts ? p.correction_bias[e] : 0.0f;
+  }
+  routing_detail::route_token<kPer>(p, 0, lane, write, bias, local_ids, pick);
+}
+
 // The bulk kernel's body. kMode kBulkGateUp / kBulkDown: the launch's params are gu / dn (the
 // other is not read). kBulkFused: every CTA runs its gate/up items (dealt by `order`), then its
 // down items (a contiguous tile-major range); a down item's activation copies wait until all
@@ -323,13 +343,20 @@ constexpr int kTailCombineThreads = (kBulkConsumerWarps + 1) * 32;
 // (ExpertsParams::half_items_per_cta): 4 of the tile's 8 h rows, i.e. 8 of its 16 weight rows,
 // copied to their usual stage rows (the others hold stale bytes: their mma rows are computed
 // and not stored), so the CTAs' last claims are half as long.
+// kSelfRoute (gate/up at one token, ExpertsParams::self_route): no routing kernel ran; every
+// CTA's producers route the token from the logits (self_route_token) and look their items up in
+// the lists that implies, and CTA 0's epilogue warp writes the routing and the dispatch for the
+// down kernel. Its dynamic tail claims from a counter of its own, which its last CTA to finish
+// claiming zeroes (the dispatch, which zeroes the others, is written while it runs).
 template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false,
-          bool kTail = false, bool kHalves = false>
+          bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done, int order) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
   static_assert(!kTail || kMode == kBulkDown, "kTail: the down kernel's");
   static_assert(!kHalves || (kMode == kBulkGateUp && !kKeep), "kHalves: the gate/up kernel's");
+  static_assert(!kSelfRoute || (kMode == kBulkGateUp && kNT == 1 && !kKeep && !kHalves),
+                "kSelfRoute: the plain chunk-8 gate/up kernel's");
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   constexpr bool kFused = kMode == kBulkFused;
@@ -524,9 +551,10 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
           issue_copies(s, arm_stage(s, it, c, false, gu_nkb), true, true);
         }
       }
-      pdl_wait();  // the dispatch is the kernel just before
-      // the down kernel may take SMs as our CTAs finish
-      pdl_launch_dependents();
+      pdl_wait();  // the dispatch is the kernel just before (kSelfRoute: the router GEMM)
+      // the down kernel may take SMs as our CTAs finish (kSelfRoute: the epilogue warp lets it
+      // launch, once CTA 0 has written the dispatch it reads)
+      if constexpr (!kSelfRoute) pdl_launch_dependents();
       if (producer_id == 0 && lane == 0) trace_mark(trace, kTraceGateUpWaited);
     }
   }
@@ -534,14 +562,26 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   // lane l holds task l and pair l, and with <= 32 of them (decode: DeepSeek-V3 up to 3 tokens)
   // the producer looks its items up by shuffles instead of two more dependent round trips (task,
   // then pair ids) before its first copy.
+  // kSelfRoute: the same values from the producer's own routing of the token (no dispatch yet).
   ExpertTask lane_task{0, 0, 0, 0};
   int lane_pair = 0;
+  int self_tasks = 0;
   if (producer_warp) {
-    if (lane < dp.task_capacity) lane_task = dp.tasks[lane];
-    if (lane < dp.pair_capacity) lane_pair = dp.pair_list[lane];
+    if constexpr (kSelfRoute) {
+      int pick = 0;
+      self_route_token(gu.route, lane, false, nullptr, &pick);
+      self_tasks = align_detail::one_token_dispatch_lanes(pick, gu.route.cfg.top_k, lane,
+                                                          lane_task, lane_pair);
+      // (the trace's routing rows: picked, the producers' lists; end, CTA 0's dispatch)
+      if (producer_id == 0 && lane == 0) trace_mark(trace, kTraceRoutingPicked);
+    } else {
+      if (lane < dp.task_capacity) lane_task = dp.tasks[lane];
+      if (lane < dp.pair_capacity) lane_pair = dp.pair_list[lane];
+    }
   }
   // (the gate/up kernel's consumers and epilogue read no dispatch data and did not wait)
-  const int num_tasks = kMode == kBulkGateUp && !producer_warp ? 0 : *dp.num_tasks;
+  const int num_tasks =
+      kSelfRoute ? self_tasks : (kMode == kBulkGateUp && !producer_warp ? 0 : *dp.num_tasks);
   // gate/up items: (task, tile of 8 rows of h) of the routed tasks (without the shared ones
   // issued above); down items: (task, tile of 16 output rows)
   const int gu_tasks = kHasGateUp ? max(num_tasks - pre_tasks, 0) : 0;  // tasks 0..gu_tasks-1
@@ -792,6 +832,18 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
         if (owns(q)) issue_copies(q, stage_meta[q], false, true);
       }
     }
+    if constexpr (kSelfRoute) {
+      // this CTA claims no more: the last CTA here zeroes the work counter for the next
+      // self-routed forward, which no align step zeroes (DispatchCounters::self_route_work)
+      if (producer_id == 0 && lane == 0) {
+        __threadfence();  // this CTA's claims are ordered before its count
+        if (atomicAdd(gu.self_route_ctas_done, 1) == static_cast<int>(gridDim.x) - 1) {
+          __threadfence();
+          *dp.work_counter = 0;
+          *gu.self_route_ctas_done = 0;
+        }
+      }
+    }
     // no more work: an item record of -1 in the next stage (by the warp that owns it)
     if (owns(n)) {
       const int s = n % kStages;
@@ -806,6 +858,22 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   if (warp == kBulkEpilogueWarp) {
     // ---- epilogue: reduce in warp order, write the outputs, count and combine down tiles ----
     if constexpr (kMode == kBulkDown) pdl_wait();  // the combine reads outputs of earlier kernels
+    if constexpr (kSelfRoute) {
+      // no routing kernel ran: CTA 0 writes the token's ids, weights and dispatch (zeroing the
+      // down kernel's counters) as the routing kernel would; then the down kernel may launch
+      // (the producers do not trigger: one trigger per CTA counts, so CTA 0's must follow this)
+      pdl_wait();  // the router GEMM's logits
+      if (blockIdx.x == 0) {
+        __shared__ int self_route_ids[32];
+        self_route_token(gu.route, lane, true, self_route_ids, nullptr);
+        __syncwarp();
+        align_detail::align_small(gu.route, self_route_ids, lane, 32);
+        __threadfence();  // the dispatch is visible before the down kernel may read it
+        if (lane == 0) trace_mark(trace, kTraceRoutingEnd);
+      }
+      __syncwarp();
+      pdl_launch_dependents();
+    }
     bool gate_up_ended = !kHasGateUp;
     for (int seq = 0;; ++seq) {
       const int buf = seq % kRedBuffers;
@@ -986,12 +1054,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 }
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
-// kSplitRows, kDeep, kKeep, kTail and kHalves as experts_bulk_body.
+// kSplitRows, kDeep, kKeep, kTail, kHalves and kSelfRoute as experts_bulk_body.
 template <bool kGateUp, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false,
-          bool kTail = false, bool kHalves = false>
+          bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
   experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kDeep, kKeep, kTail,
-                    kHalves>(p, p, nullptr, 0);
+                    kHalves, kSelfRoute>(p, p, nullptr, 0);
 }
 
 // Gate/up and down in one persistent grid (grid <= resident CTAs; task_done zeroed by the

@@ -103,6 +103,7 @@ struct GpuMoeLayer::Impl {
   int l2_keep_from = -1;                       // the bulk kernels' MOEKIT_EXPERTS_L2_KEEP_FROM
   int down_tail_setting = -1;                  // the bulk down kernel's MOEKIT_EXPERTS_DOWN_TAIL
   int half_items_setting = -1;                 // the gate/up kernel's MOEKIT_EXPERTS_HALF_ITEMS
+  int self_route_tokens = 0;                   // its MOEKIT_EXPERTS_SELF_ROUTE
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -330,6 +331,7 @@ struct GpuMoeLayer::Impl {
     l2_keep_from = experts_l2_keep_from_tokens();
     down_tail_setting = experts_down_tail_percent_setting();
     half_items_setting = experts_gate_up_half_items_setting();
+    self_route_tokens = experts_self_route_tokens();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -401,6 +403,10 @@ struct GpuMoeLayer::Impl {
     const int half_items = sk == ExpertsStream::Bulk && !l2_keep
                                ? experts_gate_up_half_items(tokens, H, chunk, half_items_setting)
                                : 0;
+    // no routing kernel: the gate/up kernel routes its one token (experts_self_route_tokens)
+    const bool self_route = sk == ExpertsStream::Bulk && chunk == 8 &&
+                            tokens <= self_route_tokens && !has_shared && E <= 128 && !l2_keep &&
+                            half_items == 0;
     const int vi = static_cast<int>(sk);
     const bool one_expert_launch = sk == ExpertsStream::Persistent;
     const bool shared_unfused = has_shared && !fused;
@@ -439,7 +445,7 @@ struct GpuMoeLayer::Impl {
     rp.task_done = one_expert_launch ? task_done.as<int>() : nullptr;
     rp.error_flag = error_flag.as<int>();
     rp.trace = trace;
-    launch_routing(rp, st);
+    if (!self_route) launch_routing(rp, st);
 
     // 2a/2b. unfused shared MLP as its own GEMMs: one dense "expert" of width Is
     if (shared_unfused) {
@@ -495,6 +501,13 @@ struct GpuMoeLayer::Impl {
     g.work_counter = &ctr->work[0];
     g.h = h.as<__nv_bfloat16>();
     g.trace = trace;
+    if (self_route) {
+      g.self_route = 1;
+      g.route = rp;
+      // (no align step before it zeroes work[0]: its own counters, which it leaves zeroed)
+      g.work_counter = &ctr->self_route_work;
+      g.self_route_ctas_done = &ctr->self_route_ctas_done;
+    }
     if (s_run > 0 && sk == ExpertsStream::Bulk && tokens <= shared_first_tokens) {
       g.early_shared = s_run;
       g.first_shared_expert = E;

@@ -29,6 +29,10 @@ struct DispatchCounters {
   int routing_done;       // CTAs of the routing kernel that finished (last one aligns)
   int pad0;
   int work[4];            // dynamic work-item counters: routed gate/up, routed down, shared x2
+  // The self-routing gate/up kernel's work counter and its CTAs done (ExpertsParams::self_route):
+  // no align step runs before that kernel, so it leaves them zeroed itself (its last CTA).
+  int self_route_work;
+  int self_route_ctas_done;
 };
 
 struct RoutingParams {

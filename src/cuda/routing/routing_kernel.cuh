@@ -96,11 +96,12 @@ __device__ __forceinline__ float score_of(Scoring scoring, float logit) {
 // (small code); what shortens the token's chain is fewer warp reductions per pick.
 // bias: this lane's correction bias values (expert lane + 32 i; zeros without a bias), loaded by
 // the caller before its PDL wait. local_ids: null, or where the ids are also written at the same
-// index (token * slots + slot) for the dispatch of a one-CTA grid.
+// index (token * slots + slot) for the dispatch of a one-CTA grid. pick: null, or where lane j
+// gets pick j's expert id (lanes >= top_k: unspecified), written or not.
 template <int kPer>
 __device__ __forceinline__ void route_token(const RoutingParams& p, int token, int lane,
                                             bool write, const float (&bias)[kPer],
-                                            int* local_ids) {
+                                            int* local_ids, int* pick = nullptr) {
   static_assert(kPer >= 1 && kPer <= kPerLane, "kPer: experts per lane, 1..16");
   const RoutingConfig& cfg = p.cfg;
   const int num_e = cfg.num_experts;
@@ -270,6 +271,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
 
   int32_t* ids = p.ids + static_cast<size_t>(token) * slots;
   float* weights = p.weights + static_cast<size_t>(token) * slots;
+  if (pick != nullptr) *pick = my_id;
   if (!write) return;
   if (is_pick) {
     ids[lane] = my_id;
