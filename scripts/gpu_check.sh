@@ -7,8 +7,9 @@
 #   bench_layer.jsonl  `moekit bench --device cuda --json` records, one JSON document per model
 #   bench_router.jsonl `moekit bench router-gemm --json`, one per model
 #   sm90.inc           the tuner's table (commit as tuning/sm90.inc; its JSON form is in the logs)
-#   deepseek-v3_sweep.png        the batch sweep, fused vs unfused vs floor
-#   trace_deepseek-v3.txt        its kernel timelines (--trace)
+#   MODEL_sweep.png    the batch sweep of PLOT_MODEL (default: the first of BENCH_MODELS), fused
+#                      vs unfused vs floor
+#   trace_MODEL.txt    its kernel timelines (--trace)
 #   ab.txt             the values of one setting side by side (stage ab; its stderr, with
 #                      --trace's timelines, in ab_stderr.txt)
 #   stream.txt         the bulk-copy stream's ceiling per copy / stage / ring shape (stage stream)
@@ -148,9 +149,10 @@ if has_stage layer && [ -x "$MOEKIT" ]; then
     timed "bench $m" "$LOGS/bench_layer.log" \
       sh -c "exec '$MOEKIT' bench --device cuda --model $m --batch $BENCH_BATCHES --json >>'$OUT/bench_layer.jsonl'"
   done
-  "$MOEKIT" bench --device cuda --model deepseek-v3 --batch "$BENCH_BATCHES" \
-    --plot "$OUT/deepseek-v3_sweep.png" --trace >>"$summary" 2>>"$OUT/trace_deepseek-v3.txt"
-  "$MOEKIT" run --device cuda --model deepseek-v3 --tokens 4 --fuse-shared on >>"$summary" 2>&1
+  plot_model="${PLOT_MODEL:-${BENCH_MODELS%% *}}"
+  "$MOEKIT" bench --device cuda --model "$plot_model" --batch "$BENCH_BATCHES" \
+    --plot "$OUT/${plot_model}_sweep.png" --trace >>"$summary" 2>>"$OUT/trace_$plot_model.txt"
+  "$MOEKIT" run --device cuda --model "$plot_model" --tokens 4 --fuse-shared auto >>"$summary" 2>&1
 fi
 
 if has_stage ab && [ -x "$MOEKIT" ]; then
