@@ -317,11 +317,7 @@ __device__ __forceinline__ void self_route_token(const RoutingParams& p, int lan
                                                  int* local_ids, int* pick) {
   constexpr int kPer = 4;
   float bias[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    bias[i] = p.cfg.has_correction_bias && e < p.cfg.num_experts ? p.correction_bias[e] : 0.0f;
-  }
+  routing_detail::load_correction_bias<kPer>(p, lane, bias);
   routing_detail::route_token<kPer>(p, 0, lane, write, bias, local_ids, pick);
 }
 

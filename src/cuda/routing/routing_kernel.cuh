@@ -290,6 +290,18 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
   }
 }
 
+// This lane's correction bias values (expert lane + 32 i; zeros without a bias), route_token's
+// `bias`.
+template <int kPer>
+__device__ __forceinline__ void load_correction_bias(const RoutingParams& p, int lane,
+                                                     float (&bias)[kPer]) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    bias[i] = p.cfg.has_correction_bias && e < p.cfg.num_experts ? p.correction_bias[e] : 0.0f;
+  }
+}
+
 // blockDim.x: a multiple of 32, at most kRoutingThreads; a multi-CTA grid uses kRoutingThreads.
 template <int kPer>
 __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingParams p) {
@@ -303,11 +315,7 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   // that its round trip (from HBM: the expert weights streamed since the layer's last use evict
   // it) overlaps the router GEMM instead of following the logits' in the token's chain.
   float bias[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    bias[i] = p.cfg.has_correction_bias && e < p.cfg.num_experts ? p.correction_bias[e] : 0.0f;
-  }
+  load_correction_bias<kPer>(p, lane, bias);
   pdl_wait();
   pdl_launch_dependents();
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingWaited);
