@@ -452,46 +452,56 @@ TEST(GpuLayer, TraceRecordsTheKernelTimelineInOrder) {
   }
 }
 
+// Qwen2-57B (shared experts, fused and not) at 3 and 32 tokens; Qwen3-30B-A3B at one token, where
+// the gate/up kernel routes the token itself and zeroes its own work counter for the next replay.
 TEST(GpuLayer, GraphReplayMatchesForward) {
   SKIP_WITHOUT_GPU();
-  const MoeSpec spec = small_spec("qwen2-57b-a14b");
-  const auto w = make_random_weights(spec, spec.moe_layers.front(), 4);
-  cuda::GpuLayerOptions opt;
-  opt.max_tokens = 32;
-  const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
-  for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
-    for (int tokens : {3, 32}) {
-      const std::vector<Bf16> x = random_x(tokens, spec.hidden, 8);
-      const ForwardResult ref = gpu->forward(x.data(), tokens, fuse);
-      const size_t n = static_cast<size_t>(tokens) * spec.hidden;
-      void *dx = nullptr, *dy = nullptr;
-      cudaStream_t stream = nullptr;
-      ASSERT_EQ(cudaMalloc(&dx, n * 2), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&dy, n * 2), cudaSuccess);
-      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(dx, x.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      gpu->forward_device(dx, dy, tokens, fuse, stream);
-      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      for (int rep = 0; rep < 3; ++rep) {
-        ASSERT_EQ(cudaMemset(dy, 0xff, n * 2), cudaSuccess);  // NaN poison
-        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-        std::vector<Bf16> y(n);
-        ASSERT_EQ(cudaMemcpy(y.data(), dy, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-        for (size_t i = 0; i < n; ++i) {
-          ASSERT_EQ(bf16_to_float(y[i]), ref.y[i])
-              << "replay " << rep << " element " << i << " fuse=" << fuse_shared_name(fuse);
+  struct Case {
+    const char* model;
+    std::vector<int> tokens;
+  };
+  for (const Case& c : {Case{"qwen2-57b-a14b", {3, 32}}, Case{"qwen3-30b-a3b", {1}}}) {
+    SCOPED_TRACE(c.model);
+    const MoeSpec spec = small_spec(c.model);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 4);
+    cuda::GpuLayerOptions opt;
+    opt.max_tokens = 32;
+    const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
+    for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
+      if (fuse == FuseShared::On && spec.shared_intermediate == 0) continue;  // (the same path)
+      for (int tokens : c.tokens) {
+        const std::vector<Bf16> x = random_x(tokens, spec.hidden, 8);
+        const ForwardResult ref = gpu->forward(x.data(), tokens, fuse);
+        const size_t n = static_cast<size_t>(tokens) * spec.hidden;
+        void *dx = nullptr, *dy = nullptr;
+        cudaStream_t stream = nullptr;
+        ASSERT_EQ(cudaMalloc(&dx, n * 2), cudaSuccess);
+        ASSERT_EQ(cudaMalloc(&dy, n * 2), cudaSuccess);
+        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dx, x.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        gpu->forward_device(dx, dy, tokens, fuse, stream);
+        ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        for (int rep = 0; rep < 3; ++rep) {
+          ASSERT_EQ(cudaMemset(dy, 0xff, n * 2), cudaSuccess);  // NaN poison
+          ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          std::vector<Bf16> y(n);
+          ASSERT_EQ(cudaMemcpy(y.data(), dy, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(bf16_to_float(y[i]), ref.y[i])
+                << "replay " << rep << " element " << i << " fuse=" << fuse_shared_name(fuse);
+          }
         }
+        EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+        EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+        EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+        EXPECT_EQ(cudaFree(dx), cudaSuccess);
+        EXPECT_EQ(cudaFree(dy), cudaSuccess);
       }
-      EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-      EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-      EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-      EXPECT_EQ(cudaFree(dx), cudaSuccess);
-      EXPECT_EQ(cudaFree(dy), cudaSuccess);
     }
   }
 }
