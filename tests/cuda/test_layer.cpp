@@ -701,6 +701,20 @@ TEST(GpuLayerSmall, BulkDownDeepRing) {
                                FuseShared::Auto, 70);
 }
 
+// The bulk down kernel's one-token ring (8 stages of 1.5 KB chunks, one activation row each;
+// experts_down_one_token_ring): against the CPU reference and bit for bit equal to the deep ring
+// (12 k blocks: warps 0-3 take two, 4-7 one, in the same order). At 2 tokens the deep ring runs
+// in both layers; one token again after it (the layer's buffers reused).
+TEST(GpuLayerSmall, BulkDownOneTokenRing) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("qwen3-30b-a3b", 256, 16, 768);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 31);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 8;
+  expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_ONE_TOKEN_RING", "0", "1", {1, 2, 1},
+                               FuseShared::Auto, 90);
+}
+
 // The bulk kernels' instances that keep weight rows read again by the expert's next task in L2
 // (experts_l2_keep, forced here from 1 token at this small hidden size): a cache hint only, so
 // bit for bit the same output; at 40 tokens over 16 experts most experts have two tasks, and the
@@ -1000,6 +1014,20 @@ TEST(ExpertsVariant, DownDeepRingOnlyUpToTheLimitAndFor2KBRows) {
   EXPECT_FALSE(cuda::experts_down_deep_ring(1, 768, 0));   // turned off
   EXPECT_FALSE(cuda::experts_down_deep_ring(1, 1536, 8));  // 3 KB rows: the wide ring
   EXPECT_FALSE(cuda::experts_down_deep_ring(1, 2048, 8));  // DeepSeek-V3: split copies instead
+}
+
+TEST(ExpertsVariant, OneTokenRingParsesZeroOrOneAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_ONE_TOKEN_RING");
+  EXPECT_EQ(cuda::experts_down_one_token_ring_setting(), 1);  // on by default
+  expect_env_int_knob("MOEKIT_EXPERTS_ONE_TOKEN_RING", cuda::experts_down_one_token_ring_setting,
+                      {0, 1}, {"2", "-1", "on"}, "0 or 1");
+}
+
+TEST(ExpertsVariant, OneTokenRingOnlyAtOneTokenAndFor1536ByteRows) {
+  EXPECT_TRUE(cuda::experts_down_one_token_ring(1, 768, 1));    // Qwen3-30B-A3B
+  EXPECT_FALSE(cuda::experts_down_one_token_ring(2, 768, 1));   // two tokens: the deep ring
+  EXPECT_FALSE(cuda::experts_down_one_token_ring(1, 1024, 1));  // 2 KB rows: the deep ring
+  EXPECT_FALSE(cuda::experts_down_one_token_ring(1, 768, 0));   // turned off
 }
 
 TEST(ExpertsVariant, L2KeepFromParsesATokenCountAndNamesABadOne) {

@@ -55,22 +55,26 @@ struct Variant {
   int threads;
 };
 
-int smem_bytes(ExpertsStream stream_kind, int chunk, bool deep = false) {
+// ring: ExpertsParams::deep_ring (0 the standard ring, 1 the deep one, 2 the one-token one)
+int smem_bytes(ExpertsStream stream_kind, int chunk, int ring = 0) {
   if (stream_kind != ExpertsStream::Bulk && stream_kind != ExpertsStream::Persistent) return 0;
   if (chunk != 8) return bulk_smem_bytes<2>();
-  return deep ? bulk_smem_bytes<1, true>() : bulk_smem_bytes<1>();
+  return ring == 2   ? bulk_smem_bytes<1, 2>()
+         : ring == 1 ? bulk_smem_bytes<1, 1>()
+                     : bulk_smem_bytes<1>();
 }
 
 // Largest reduction length (in 64-wide k blocks) the 4-warp down variant covers in one round.
 constexpr int kDown4MaxBlocks = 4 * 4;
 
 // k: the reduction length of the launch (H for gate/up, the expert width for down).
-// split_rows: the bulk down kernel's instance that copies weight rows in two halves; deep: its
-// deep-ring instance (chunk 8); keep: the bulk kernels' L2-keeping instance (chunk 8, kKeep);
+// split_rows: the bulk down kernel's instance that copies weight rows in two halves; ring: its
+// deep-ring (1) or one-token-ring (2) instance (chunk 8); keep: the bulk kernels' L2-keeping
+// instance (chunk 8, kKeep);
 // tail: the bulk down kernel's dynamic-tail instances (chunk 8, kTail; with keep or without).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
-                   bool split_rows = false, bool deep = false, bool keep = false,
-                   bool tail = false, bool halves = false, bool self_route = false) {
+                   bool split_rows = false, int ring = 0, bool keep = false, bool tail = false,
+                   bool halves = false, bool self_route = false) {
   const bool gate_up = kind == ExpertsKind::GateUp;
   MK_CHECK(chunk == 8 || chunk == 16, "no expert kernel for chunk " << chunk
                                           << " (expected 8 or 16)");
@@ -78,7 +82,8 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
     case ExpertsStream::Persistent:  // its separate GEMMs (the unfused shared MLP) run as Bulk
     case ExpertsStream::Bulk:
       if (chunk == 8) {
-        if (!gate_up && deep) return {experts_bulk_kernel<false, 1, false, true>, kBulkThreads};
+        if (!gate_up && ring == 2) return {experts_bulk_kernel<false, 1, false, 2>, kBulkThreads};
+        if (!gate_up && ring == 1) return {experts_bulk_kernel<false, 1, false, 1>, kBulkThreads};
         if (!gate_up && split_rows) {
           return {tail ? experts_bulk_kernel<false, 1, true, false, false, true>
                        : experts_bulk_kernel<false, 1, true>,
@@ -217,6 +222,19 @@ bool experts_down_deep_ring(int tokens, int k, int deep_tokens) {
   return tokens <= deep_tokens && k <= 1024;
 }
 
+int experts_down_one_token_ring_setting() {
+  // Measured on the H200 (bench/results/h200/2026-12-01-s15-experiments, runs 5-6, off / on
+  // twice in one run): Qwen3-30B-A3B (768-wide experts) T=1 30.3-30.5 -> 29.8-29.9 us (-2%;
+  // main 30.5). Its trace: the down phase, wait to end, 7.6 -> 6.9 us. The same ring with padded
+  // rows, 16 copies per tile (run 5): +2%, though it held 1.75x the bytes in flight: at 1.5 KB
+  // rows the copies' issue, not the bytes in flight, bounds the down stream.
+  return env_int_in_range("MOEKIT_EXPERTS_ONE_TOKEN_RING", 1, 0, 1, "0 or 1");
+}
+
+bool experts_down_one_token_ring(int tokens, int k, int enabled) {
+  return enabled != 0 && tokens == 1 && k <= 12 * experts_detail::kBlockK;
+}
+
 int experts_l2_keep_from_tokens() {
   return env_int_in_range("MOEKIT_EXPERTS_L2_KEEP_FROM", -1, 0, 1 << 20,
                           "a token count, 0 (never) to 1048576");
@@ -326,21 +344,24 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
   // deep_ring, l2_keep, down_tail_percent) need their own shared-memory limits raised, and run
   // on the same grid.
   struct Twin {
-    bool split_rows, deep, keep, tail, halves, self_route;
+    bool split_rows;
+    int ring;
+    bool keep, tail, halves, self_route;
     const char* name;
   };
-  for (const Twin& t : {Twin{true, false, false, false, false, false, "split-row"},
-                        Twin{false, true, false, false, false, false, "deep-ring"},
-                        Twin{false, false, true, false, false, false, "L2-keeping"},
-                        Twin{false, false, false, true, false, false, "dynamic-tail"},
-                        Twin{false, false, true, true, false, false, "L2-keeping dynamic-tail"},
-                        Twin{true, false, false, true, false, false, "split-row dynamic-tail"},
-                        Twin{false, false, false, false, true, false, "half-item"},
-                        Twin{false, false, false, false, false, true, "self-routing"}}) {
-    const Variant twin = kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.deep, t.keep,
+  for (const Twin& t : {Twin{true, 0, false, false, false, false, "split-row"},
+                        Twin{false, 1, false, false, false, false, "deep-ring"},
+                        Twin{false, 2, false, false, false, false, "one-token-ring"},
+                        Twin{false, 0, true, false, false, false, "L2-keeping"},
+                        Twin{false, 0, false, true, false, false, "dynamic-tail"},
+                        Twin{false, 0, true, true, false, false, "L2-keeping dynamic-tail"},
+                        Twin{true, 0, false, true, false, false, "split-row dynamic-tail"},
+                        Twin{false, 0, false, false, true, false, "half-item"},
+                        Twin{false, 0, false, false, false, true, "self-routing"}}) {
+    const Variant twin = kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.ring, t.keep,
                                     t.tail, t.halves, t.self_route);
     if (twin.fn == v.fn) continue;
-    MK_CHECK(resident_grid(twin.fn, twin.threads, smem_bytes(stream_kind, chunk, t.deep),
+    MK_CHECK(resident_grid(twin.fn, twin.threads, smem_bytes(stream_kind, chunk, t.ring),
                            "expert kernel", chunk) == grid,
              "the " << t.name << " expert kernel's resident grid differs from its twin's");
   }
@@ -349,7 +370,13 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
-  const bool deep = kind == ExpertsKind::Down && p.deep_ring != 0 && chunk == 8;
+  const int ring = kind == ExpertsKind::Down && chunk == 8 ? p.deep_ring : 0;
+  MK_CHECK(ring >= 0 && ring <= 2, "launch_experts: deep_ring " << ring << " (expected 0, 1 or 2)");
+  // the one-token ring's stages hold one activation row, and one 1.5 KB row chunk
+  MK_CHECK(ring != 2 ||
+               (p.tokens == 1 && p.k <= 12 * experts_detail::kBlockK && p.weight_copy_pieces == 1),
+           "launch_experts: the one-token ring needs one token and rows of <= 768 (tokens "
+               << p.tokens << ", k " << p.k << ")");
   const bool tail = kind == ExpertsKind::Down && p.down_tail_percent > 0 && chunk == 8;
   MK_CHECK(!tail || p.tile_counters != nullptr,
            "launch_experts: a down tail (down_tail_percent " << p.down_tail_percent
@@ -361,9 +388,9 @@ void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                            p.route.cfg.num_experts <= 128 && p.route.cfg.shared_slots == 0),
            "launch_experts: a self-routing gate/up launch needs chunk 8, the bulk kernel, one "
            "token, E <= 128 and no shared slots");
-  const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2, deep,
+  const Variant v = kernel_for(kind, chunk, stream_kind, p.k, p.weight_copy_pieces == 2, ring,
                                p.l2_keep != 0, tail, halves, self_route);
-  launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk, deep), stream, p);
+  launch_pdl(v.fn, dim3(grid), dim3(v.threads), smem_bytes(stream_kind, chunk, ring), stream, p);
 }
 
 namespace {

@@ -42,7 +42,9 @@ struct ExpertsParams {
   // instance with two copies per row; why, and why 4 KB rows only: experts_down_split_tokens)
   int weight_copy_pieces = 1;
   // bulk down kernel at chunk 8: 1 for the ring of 4 stages of 2 KB chunks instead of 2 of 4 KB
-  // (its own kernel instance; why: experts_down_deep_tokens), else 0
+  // (its own kernel instance; why: experts_down_deep_tokens), 2 for the ring of 8 stages of
+  // 1.5 KB chunks with one activation row each (one token, rows of <= 1.5 KB; its own instance;
+  // experts_down_one_token_ring), else 0
   int deep_ring = 0;
   // bulk kernels at chunk 8: 1 for their instance that copies the weight rows of a task whose
   // expert has a next task (ExpertTask::more: that task's item reads the same rows next) with
@@ -129,6 +131,12 @@ int experts_down_deep_tokens();
 // Whether the bulk down kernel takes the deep ring at `tokens` tokens for a reduction length of
 // `k` (the expert width): tokens <= deep_tokens and a row fits one 2 KB chunk (k <= 1024).
 bool experts_down_deep_ring(int tokens, int k, int deep_tokens);
+// MOEKIT_EXPERTS_ONE_TOKEN_RING=0|1 when set (0: never), else 1 (the measured default; read at each
+// call; layers call once, at creation).
+int experts_down_one_token_ring_setting();
+// Whether the bulk down kernel's deep ring is its one-token shape (ExpertsParams::deep_ring 2):
+// enabled, one token, and a row fits one 1.5 KB chunk (k <= 768).
+bool experts_down_one_token_ring(int tokens, int k, int enabled);
 // The fewest tokens at which the bulk kernels keep re-read weight rows in L2, forced for every
 // hidden size: MOEKIT_EXPERTS_L2_KEEP_FROM=N when set (0: never), else -1 (the measured rule of
 // experts_l2_keep). Read at each call; layers call once, at creation.

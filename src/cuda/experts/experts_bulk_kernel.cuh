@@ -40,7 +40,8 @@
 // arrives on it (compute-sanitizer's racecheck does not take a __syncwarp before one lane's
 // arrival as ordering; with a 2-stage ring it reports the consumers' reads against the next fill).
 // Stage layout: 16 weight rows then kNT * 8 activation rows, each at a pitch of kChunkBlocks *
-// 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks.
+// 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks
+// (the one-token ring: one activation row, and no pad, BulkShape<1, 2>).
 // PDL: gate/up's producers wait for the dispatch (first issuing the fused shared experts' items,
 // which need nothing from it, up to ExpertsParams::early_shared; measured on the H200: DeepSeek-V3
 // T=1 205.5 -> 199.1 us) and let the down kernel launch; the down kernel's CTAs
@@ -122,10 +123,11 @@ struct BulkItem {
 };
 constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
 
-template <int kNT, int kStages, int kChunkBlocks>
+template <int kNT, int kStages, int kChunkBlocks, int kActRowsPerStage = kNT * 8, int kRowPad = 64>
 struct BulkLayout {
-  static constexpr int kActRows = kNT * 8;
-  static constexpr int kPitch = kChunkBlocks * kBlockK * 2 + 64;  // bytes per row in a stage
+  static constexpr int kActRows = kActRowsPerStage;
+  // bytes per row in a stage (kRowPad 0: a tile's rows land as one contiguous copy)
+  static constexpr int kPitch = kChunkBlocks * kBlockK * 2 + kRowPad;
   static constexpr int kStageBytes = (kBulkWeightRows + kActRows) * kPitch;
   static constexpr int kRedFloats = kBulkConsumerWarps * kNT * 4 * 32;  // one buffer
   static constexpr int kRedOffset = kStages * kStageBytes;
@@ -144,32 +146,49 @@ struct BulkLayout {
   static_assert(kBytes <= 227 * 1024, "the ring does not fit in shared memory");
 };
 
-// Ring depth and chunk per n-tiles: ~200 KB of shared memory, 1 CTA per SM. kDeep (kNT 1 only):
-// twice the stages of half the chunk.
-template <int kNT, bool kDeep = false>
+// Ring depth, chunk and activation rows per stage, per n-tiles and ring (kRing, kNT 1 only: 0
+// the standard ring; 1 the deep ring, twice the stages of half the chunk; 2 the one-token ring):
+// ~200 KB of shared memory, 1 CTA per SM.
+template <int kNT, int kRing = 0>
 struct BulkShape;
 template <>
-struct BulkShape<1, false> {
+struct BulkShape<1, 0> {
   // 2 x 98 KB (16 x 4 KB weights). why 4 KB rows, not 4 stages of 2 KB: the same weight bytes
   // in flight with half the bulk copies per byte (the copy issue limited the stream: header)
-  static constexpr int kStages = 2, kChunkBlocks = 32;
+  static constexpr int kStages = 2, kChunkBlocks = 32, kActRows = 8, kRowPad = 64;
 };
 template <>
-struct BulkShape<1, true> {
+struct BulkShape<1, 1> {
   // 4 x 50 KB (16 x 2 KB weights): for down rows of <= 2 KB, which fill at most half a stage of
-  // BulkShape<1, false>, twice the stages and so twice the weight bytes in flight
+  // BulkShape<1, 0>, twice the stages and so twice the weight bytes in flight
   // (ExpertsParams::deep_ring: where it is used and why)
-  static constexpr int kStages = 4, kChunkBlocks = 16;
+  static constexpr int kStages = 4, kChunkBlocks = 16, kActRows = 8, kRowPad = 64;
 };
 template <>
-struct BulkShape<2, false> {
-  static constexpr int kStages = 5, kChunkBlocks = 8;  // 5 x 34 KB (16 x 1 KB weights)
+struct BulkShape<1, 2> {
+  // 8 x 25.5 KB (16 x 1.5 KB weights, ONE activation row, rows unpadded): for down rows of
+  // <= 1.5 KB at one token, where the deep ring's stages carry 24 KB of weights in ~50 KB (8
+  // activation rows of 2 KB reserved for one): 192 KB of weights in flight per SM instead of 96.
+  // Unpadded, a tile's 16 rows of exactly 1.5 KB are one contiguous 24 KB copy instead of 16
+  // (the copies' issue, not the bytes in flight, bounds these short rows; the consumers' loads
+  // then meet bank conflicts, which one token's few mma hide). 12 blocks are not a multiple of the 8 consumer warps: warps 4-7 take
+  // one block, 0-3 two (the guard below).
+  static constexpr int kStages = 8, kChunkBlocks = 12, kActRows = 1, kRowPad = 0;
+};
+template <>
+struct BulkShape<2, 0> {
+  static constexpr int kStages = 5, kChunkBlocks = 8, kActRows = 16, kRowPad = 64;  // 5 x 34 KB
 };
 
-template <int kNT, bool kDeep = false>
+template <int kNT, int kRing = 0>
+struct BulkShapeLayout {
+  using S = BulkShape<kNT, kRing>;
+  using type = BulkLayout<kNT, S::kStages, S::kChunkBlocks, S::kActRows, S::kRowPad>;
+};
+
+template <int kNT, int kRing = 0>
 constexpr int bulk_smem_bytes() {
-  using S = BulkShape<kNT, kDeep>;
-  return BulkLayout<kNT, S::kStages, S::kChunkBlocks>::kBytes;
+  return BulkShapeLayout<kNT, kRing>::type::kBytes;
 }
 
 // The producer's view of one work item: its task in every lane, lane l < count holds pair l.
@@ -329,12 +348,12 @@ __device__ __forceinline__ void self_route_token(const RoutingParams& p, int lan
 // and the next kernel launches only once every CTA has passed its trigger (all were resident).
 // kNT: n-tiles of 8 tokens per task. kSplitRows: 4 KB row chunks copied in two halves
 // (a template parameter, not a runtime test: any code for it slowed the one-copy kernels).
-// kDeep: the ring BulkShape<kNT, true>. kKeep: the weight rows of a task whose expert has a next
-// task (ExpertTask::more) are copied with normal L2 priority instead of evict-first, so that the
-// next task's item reads them from L2 (a template parameter for the same reason as kSplitRows:
-// its code as a runtime choice cost Qwen3-30B-A3B 1-2% with the choice off, session 11).
-// kTail (down, with a combine): the last dn.down_tail_percent % of the output tiles are a
-// dynamic tail (ExpertsParams::down_tail_percent; wait_for_every_cta, combine_tail_outputs).
+// kRing: the ring BulkShape<kNT, kRing> (1 deep, 2 one-token). kKeep: the weight rows of a task
+// whose expert has a next task (ExpertTask::more) are copied with normal L2 priority instead of
+// evict-first, so that the next task's item reads them from L2 (a template parameter for the same
+// reason as kSplitRows: its code as a runtime choice cost Qwen3-30B-A3B 1-2% with the choice off,
+// session 11). kTail (down, with a combine): the last dn.down_tail_percent % of the output tiles
+// are a dynamic tail (ExpertsParams::down_tail_percent; wait_for_every_cta, combine_tail_outputs).
 // kHalves (gate/up): the launch's last claimed items go as two half items each
 // (ExpertsParams::half_items_per_cta): 4 of the tile's 8 h rows, i.e. 8 of its 16 weight rows,
 // copied to their usual stage rows (the others hold stale bytes: their mma rows are computed
@@ -344,7 +363,7 @@ __device__ __forceinline__ void self_route_token(const RoutingParams& p, int lan
 // the lists that implies, and CTA 0's epilogue warp writes the routing and the dispatch for the
 // down kernel. Its dynamic tail claims from a counter of its own, which its last CTA to finish
 // claiming zeroes (the dispatch, which zeroes the others, is written while it runs).
-template <int kMode, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false,
+template <int kMode, int kNT, bool kSplitRows = false, int kRing = 0, bool kKeep = false,
           bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done, int order) {
@@ -358,13 +377,15 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   constexpr bool kFused = kMode == kBulkFused;
   // whether an item (its record's `down` flag) is a down item: fixed by the mode unless fused
   auto is_down = [](int down_flag) { return kHasDown && (!kHasGateUp || down_flag != 0); };
-  constexpr int kStages = BulkShape<kNT, kDeep>::kStages;
-  constexpr int kChunkBlocks = BulkShape<kNT, kDeep>::kChunkBlocks;
-  static_assert(kChunkBlocks % kBulkConsumerWarps == 0, "whole blocks per consumer warp");
-  using L = BulkLayout<kNT, kStages, kChunkBlocks>;
+  constexpr int kStages = BulkShape<kNT, kRing>::kStages;
+  constexpr int kChunkBlocks = BulkShape<kNT, kRing>::kChunkBlocks;
+  static_assert(kRing != 2 || (kMode == kBulkDown && kNT == 1 && !kSplitRows),
+                "the one-token ring: the chunk-8 down kernel's");
+  using L = typename BulkShapeLayout<kNT, kRing>::type;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
   constexpr int kDownTileRows = 16;   // output rows per down item
-  constexpr int kBlocksPerWarp = kChunkBlocks / kBulkConsumerWarps;
+  // (rounded up: a warp's blocks past the chunk are skipped, kRing 2)
+  constexpr int kBlocksPerWarp = (kChunkBlocks + kBulkConsumerWarps - 1) / kBulkConsumerWarps;
   extern __shared__ __align__(128) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + L::kRedOffset);
   BulkItem* stage_meta = reinterpret_cast<BulkItem*>(smem + L::kMetaOffset);
@@ -459,13 +480,19 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     const __nv_bfloat16* src = nullptr;
     // kHalves: a half item's weight rows (gate and up rows 4(half-1)..+3: lanes & 7 of them)
     const int half = kHalves ? (rec[4] >> 2) & 3 : 0;
+    // the one-token ring with rows that fill its unpadded pitch: lane 0 copies all 16 (W2 rows
+    // r0..r0+15 of one expert are contiguous, and the chunk is the whole row)
+    const bool one_copy = kRing == 2 && row_bytes == static_cast<uint32_t>(L::kPitch);
     if (lane < kBulkWeightRows) {
-      if (weights && (!kHalves || half == 0 || ((lane & 7) >> 2) == half - 1)) {
+      if (weights && (!kHalves || half == 0 || ((lane & 7) >> 2) == half - 1) &&
+          (!one_copy || lane == 0)) {
         src = (down ? tile_row<false>(dn, expert, tile * kDownTileRows, lane)
                     : tile_row<true>(gu, expert, tile * kGateUpTileRows, lane)) +
               k0;
       }
-    } else if (acts && lane - kBulkWeightRows < count) {
+    } else if (acts && lane - kBulkWeightRows < count &&
+               (L::kActRows >= kNT * 8 || lane - kBulkWeightRows < L::kActRows)) {
+      // (the one-token ring has room for one row: its launch checks that tasks hold one token)
       const __nv_bfloat16* x = down ? dn.x : gu.x;
       const int div = down ? dn.x_row_div : gu.x_row_div;
       src = x + static_cast<size_t>(pair / div) * k + k0;
@@ -481,7 +508,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
           bulk_copy_hinted(static_cast<char*>(dst) + half, src + half / 2, half, &full[s],
                            policy);
         } else {
-          bulk_copy_hinted(dst, src, row_bytes, &full[s], policy);
+          bulk_copy_hinted(dst, src, one_copy ? kBulkWeightRows * row_bytes : row_bytes, &full[s],
+                           policy);
         }
       } else {
         bulk_copy(dst, src, row_bytes, &full[s]);
@@ -770,7 +798,9 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     // the wait for those ends later. Measured on the H200, same run (bench/results/h200/
     // 2026-11-30-s13-experiments, run 4): Qwen3-30B-A3B T=1 32.2 -> 31.75 us (-1.4%), T=2 -0.7%,
     // T=4 equal, T=8 +0.2%. With 4 KB rows (DeepSeek-V3: 2 stages) 1 stage was equal (run 1).
-    constexpr int kEarlyStages = kDeep ? 1 : kStages;
+    // The one-token ring likewise (2026-12-01-s15-experiments, run 6: 2 / 4 / 7 of its 8 stages
+    // early: equal, +0.3%, +9%).
+    constexpr int kEarlyStages = kRing != 0 ? 1 : kStages;
     int n = pre_fills;  // stage fills so far
     // Two items of look-ahead: item i+1's pair ids and item i+2's task are in flight while item
     // i's stages are issued (a down item can be a single ~24 KB stage, shorter than the two
@@ -1010,7 +1040,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 #pragma unroll
     for (int u = 0; u < kBlocksPerWarp; ++u) {
       const int blk = warp + u * kBulkConsumerWarps;
-      if (c * kChunkBlocks + blk < nkb) {
+      if ((kChunkBlocks % kBulkConsumerWarps == 0 || blk < kChunkBlocks) &&
+          c * kChunkBlocks + blk < nkb) {
         const unsigned char* lo = stage + g * L::kPitch + blk * kBlockK * 2 + 16 * t;
         const unsigned char* hi = lo + 8 * L::kPitch;
         const uint4 a[4] = {*reinterpret_cast<const uint4*>(lo),
@@ -1050,11 +1081,11 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 }
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
-// kSplitRows, kDeep, kKeep, kTail, kHalves and kSelfRoute as experts_bulk_body.
-template <bool kGateUp, int kNT, bool kSplitRows = false, bool kDeep = false, bool kKeep = false,
+// kSplitRows, kRing, kKeep, kTail, kHalves and kSelfRoute as experts_bulk_body.
+template <bool kGateUp, int kNT, bool kSplitRows = false, int kRing = 0, bool kKeep = false,
           bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
-  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kDeep, kKeep, kTail,
+  experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kRing, kKeep, kTail,
                     kHalves, kSelfRoute>(p, p, nullptr, 0);
 }
 
