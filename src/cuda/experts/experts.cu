@@ -223,10 +223,10 @@ bool experts_down_deep_ring(int tokens, int k, int deep_tokens) {
 }
 
 int experts_down_one_token_ring_setting() {
-  // Measured on the H200 (bench/results/h200/2026-12-01-s15-experiments, runs 5-6, off / on
-  // twice in one run): Qwen3-30B-A3B (768-wide experts) T=1 30.3-30.5 -> 29.8-29.9 us (-2%;
-  // main 30.5). Its trace: the down phase, wait to end, 7.6 -> 6.9 us. The same ring with padded
-  // rows, 16 copies per tile (run 5): +2%, though it held 1.75x the bytes in flight: at 1.5 KB
+  // Measured on the H200 (bench/results/h200/2026-12-01-s15-experiments, runs 5-7, off / on
+  // in one run): Qwen3-30B-A3B (768-wide experts) T=1 30.4-30.6 -> 29.9-30.0 us (-1.6%; run 7,
+  // three times each), T=2 equal. Its trace: the down phase, wait to end, 7.6 -> 6.9 us. The same ring with padded
+  // rows, 16 copies per tile (run 5): +2.6%, though it held 1.75x the bytes in flight: at 1.5 KB
   // rows the copies' issue, not the bytes in flight, bounds the down stream.
   return env_int_in_range("MOEKIT_EXPERTS_ONE_TOKEN_RING", 1, 0, 1, "0 or 1");
 }
