@@ -705,6 +705,21 @@ TEST(GpuLayerSmall, BulkDownDeepRing) {
 // experts_down_one_token_ring): against the CPU reference and bit for bit equal to the deep ring
 // (12 k blocks: warps 0-3 take two, 4-7 one, in the same order). At 2 tokens the deep ring runs
 // in both layers; one token again after it (the layer's buffers reused).
+// The one-token rings at hidden 2048 (the self-routing gate/up kernel's 4 KB rows: one copy per
+// 8 rows) and 256 (its 512-byte rows: a copy per row at the unpadded pitch); the down kernel's
+// 1.5 KB rows one copy per tile in both. One token, two (the rings off in both layers), one.
+TEST(GpuLayerSmall, SelfRoutedGateUpOneTokenRing) {
+  SKIP_WITHOUT_GPU();
+  for (int hidden : {2048, 256}) {
+    const MoeSpec spec = small_spec("qwen3-30b-a3b", hidden, 16, 768);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 37);
+    cuda::GpuLayerOptions opt;
+    opt.max_tokens = 8;
+    expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_ONE_TOKEN_RING", "0", "1",
+                                 {1, 2, 1}, FuseShared::Auto, 95);
+  }
+}
+
 TEST(GpuLayerSmall, BulkDownOneTokenRing) {
   SKIP_WITHOUT_GPU();
   const MoeSpec spec = small_spec("qwen3-30b-a3b", 256, 16, 768);
@@ -1018,16 +1033,19 @@ TEST(ExpertsVariant, DownDeepRingOnlyUpToTheLimitAndFor2KBRows) {
 
 TEST(ExpertsVariant, OneTokenRingParsesZeroOrOneAndNamesABadOne) {
   unsetenv("MOEKIT_EXPERTS_ONE_TOKEN_RING");
-  EXPECT_EQ(cuda::experts_down_one_token_ring_setting(), 1);  // on by default
-  expect_env_int_knob("MOEKIT_EXPERTS_ONE_TOKEN_RING", cuda::experts_down_one_token_ring_setting,
-                      {0, 1}, {"2", "-1", "on"}, "0 or 1");
+  EXPECT_EQ(cuda::experts_one_token_ring_setting(), 1);  // on by default
+  expect_env_int_knob("MOEKIT_EXPERTS_ONE_TOKEN_RING", cuda::experts_one_token_ring_setting, {0, 1},
+                      {"2", "-1", "on"}, "0 or 1");
 }
 
-TEST(ExpertsVariant, OneTokenRingOnlyAtOneTokenAndFor1536ByteRows) {
+TEST(ExpertsVariant, OneTokenRingsOnlyAtOneTokenAndForRowsOfOneChunk) {
   EXPECT_TRUE(cuda::experts_down_one_token_ring(1, 768, 1));    // Qwen3-30B-A3B
   EXPECT_FALSE(cuda::experts_down_one_token_ring(2, 768, 1));   // two tokens: the deep ring
   EXPECT_FALSE(cuda::experts_down_one_token_ring(1, 1024, 1));  // 2 KB rows: the deep ring
   EXPECT_FALSE(cuda::experts_down_one_token_ring(1, 768, 0));   // turned off
+  EXPECT_TRUE(cuda::experts_gate_up_one_token_ring(2048, 1));   // Qwen3-30B-A3B: 4 KB rows
+  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(2880, 1));  // gpt-oss: two chunks a row
+  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(2048, 0));  // turned off
 }
 
 TEST(ExpertsVariant, L2KeepFromParsesATokenCountAndNamesABadOne) {

@@ -55,10 +55,12 @@ struct Variant {
   int threads;
 };
 
-// ring: ExpertsParams::deep_ring (0 the standard ring, 1 the deep one, 2 the one-token one)
+// ring: ExpertsParams::ring (0 the standard ring; down: 1 the deep one, 2 the one-token one;
+// gate/up: 3 the one-token one)
 int smem_bytes(ExpertsStream stream_kind, int chunk, int ring = 0) {
   if (stream_kind != ExpertsStream::Bulk && stream_kind != ExpertsStream::Persistent) return 0;
   if (chunk != 8) return bulk_smem_bytes<2>();
+  if (ring == 3) return bulk_smem_bytes<1, 3>();
   return ring == 2   ? bulk_smem_bytes<1, 2>()
          : ring == 1 ? bulk_smem_bytes<1, 1>()
                      : bulk_smem_bytes<1>();
@@ -93,6 +95,9 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
           return {keep ? experts_bulk_kernel<false, 1, false, false, true, true>
                        : experts_bulk_kernel<false, 1, false, false, false, true>,
                   kBulkThreads};
+        }
+        if (gate_up && self_route && ring == 3 && !keep && !halves) {
+          return {experts_bulk_kernel<true, 1, false, 3, false, false, false, true>, kBulkThreads};
         }
         if (gate_up && self_route && !keep && !halves) {
           return {experts_bulk_kernel<true, 1, false, false, false, false, false, true>,
@@ -222,17 +227,26 @@ bool experts_down_deep_ring(int tokens, int k, int deep_tokens) {
   return tokens <= deep_tokens && k <= 1024;
 }
 
-int experts_down_one_token_ring_setting() {
+int experts_one_token_ring_setting() {
   // Measured on the H200 (bench/results/h200/2026-12-01-s15-experiments, runs 5-7, off / on
   // in one run): Qwen3-30B-A3B (768-wide experts) T=1 30.4-30.6 -> 29.9-30.0 us (-1.6%; run 7,
-  // three times each), T=2 equal. Its trace: the down phase, wait to end, 7.6 -> 6.9 us. The same ring with padded
-  // rows, 16 copies per tile (run 5): +2.6%, though it held 1.75x the bytes in flight: at 1.5 KB
-  // rows the copies' issue, not the bytes in flight, bounds the down stream.
+  // three times each), T=2 equal. Its trace: the down phase, wait to end, 7.6 -> 6.9 us. The
+  // same ring with padded rows, 16 copies per tile (run 5): +2.6%, though it held 1.75x the bytes
+  // in flight: at 1.5 KB rows the copies' issue, not the bytes in flight, bounds the down stream.
   return env_int_in_range("MOEKIT_EXPERTS_ONE_TOKEN_RING", 1, 0, 1, "0 or 1");
 }
 
 bool experts_down_one_token_ring(int tokens, int k, int enabled) {
   return enabled != 0 && tokens == 1 && k <= 12 * experts_detail::kBlockK;
+}
+
+bool experts_gate_up_one_token_ring(int k, int enabled) {
+  // Measured on the H200 (bench/results/h200/2026-12-01-s15-experiments, off / on three times in
+  // one run): Qwen3-30B-A3B (hidden 2048: 4 KB rows) T=1 30.0-30.1 -> 29.7 us (-1.0%; run 8,
+  // the down kernel's one-token ring in both); both rings against neither 30.5-30.6 -> 29.5 us
+  // (-3.3%; run 9). Two copies per 64 KB item instead of 16. The gate/up tail's 35% stays with
+  // it (20% equal, 50% +1%; run 9).
+  return enabled != 0 && k <= 32 * experts_detail::kBlockK;
 }
 
 int experts_l2_keep_from_tokens() {
@@ -341,7 +355,7 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
   const int grid =
       resident_grid(v.fn, v.threads, smem_bytes(stream_kind, chunk), "expert kernel", chunk);
   // The instances launch_experts may pick instead (ExpertsParams::weight_copy_pieces,
-  // deep_ring, l2_keep, down_tail_percent) need their own shared-memory limits raised, and run
+  // ring, l2_keep, down_tail_percent) need their own shared-memory limits raised, and run
   // on the same grid.
   struct Twin {
     bool split_rows;
@@ -357,7 +371,8 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
                         Twin{false, 0, true, true, false, false, "L2-keeping dynamic-tail"},
                         Twin{true, 0, false, true, false, false, "split-row dynamic-tail"},
                         Twin{false, 0, false, false, true, false, "half-item"},
-                        Twin{false, 0, false, false, false, true, "self-routing"}}) {
+                        Twin{false, 0, false, false, false, true, "self-routing"},
+                        Twin{false, 3, false, false, false, true, "one-token self-routing"}}) {
     const Variant twin = kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.ring, t.keep,
                                     t.tail, t.halves, t.self_route);
     if (twin.fn == v.fn) continue;
@@ -370,8 +385,13 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
-  const int ring = kind == ExpertsKind::Down && chunk == 8 ? p.deep_ring : 0;
-  MK_CHECK(ring >= 0 && ring <= 2, "launch_experts: deep_ring " << ring << " (expected 0, 1 or 2)");
+  const int ring = chunk == 8 ? p.ring : 0;
+  MK_CHECK(ring == 0 || (kind == ExpertsKind::Down ? ring <= 2
+                                                   : ring == 3 && p.self_route != 0 &&
+                                                         p.k <= 32 * experts_detail::kBlockK),
+           "launch_experts: ring " << ring
+                                   << " (expected 0, 1 or 2 for down, 3 for a "
+                                      "self-routing gate/up launch of k <= 2048)");
   // the one-token ring's stages hold one activation row, and one 1.5 KB row chunk
   MK_CHECK(ring != 2 ||
                (p.tokens == 1 && p.k <= 12 * experts_detail::kBlockK && p.weight_copy_pieces == 1),

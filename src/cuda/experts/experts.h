@@ -41,11 +41,13 @@ struct ExpertsParams {
   // bulk down kernel: each 4 KB weight row copied in this many pieces, 1 or 2 (2: its kernel
   // instance with two copies per row; why, and why 4 KB rows only: experts_down_split_tokens)
   int weight_copy_pieces = 1;
-  // bulk down kernel at chunk 8: 1 for the ring of 4 stages of 2 KB chunks instead of 2 of 4 KB
-  // (its own kernel instance; why: experts_down_deep_tokens), 2 for the ring of 8 stages of
-  // 1.5 KB chunks with one activation row each (one token, rows of <= 1.5 KB; its own instance;
-  // experts_down_one_token_ring), else 0
-  int deep_ring = 0;
+  // bulk kernels at chunk 8, the ring's shape (each its own kernel instance), else 0 (the
+  // standard ring). Down: 1 the deep ring, 4 stages of 2 KB chunks instead of 2 of 4 KB (why:
+  // experts_down_deep_tokens); 2 the one-token ring, 8 stages of 1.5 KB chunks with one
+  // activation row each, a tile's rows one copy (experts_down_one_token_ring). Gate/up
+  // (self-routing only): 3 its one-token ring, 3 stages of 4 KB chunks with one activation row,
+  // a tile's gate rows and up rows one copy each (experts_gate_up_one_token_ring).
+  int ring = 0;
   // bulk kernels at chunk 8: 1 for their instance that copies the weight rows of a task whose
   // expert has a next task (ExpertTask::more: that task's item reads the same rows next) with
   // normal L2 priority instead of evict-first (why: experts_l2_keep), else 0. The split-row and
@@ -125,18 +127,21 @@ int experts_down_split_tokens();
 // (k == 2048; it then goes as two 2 KB copies), else 1.
 int experts_down_copy_pieces(int tokens, int k, int split_tokens);
 // The most tokens at which the bulk down kernel streams rows of <= 2 KB through the deep ring
-// (ExpertsParams::deep_ring): MOEKIT_EXPERTS_DOWN_DEEP=0.. when set (0: never; read at each
+// (ExpertsParams::ring 1): MOEKIT_EXPERTS_DOWN_DEEP=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.
 int experts_down_deep_tokens();
 // Whether the bulk down kernel takes the deep ring at `tokens` tokens for a reduction length of
 // `k` (the expert width): tokens <= deep_tokens and a row fits one 2 KB chunk (k <= 1024).
 bool experts_down_deep_ring(int tokens, int k, int deep_tokens);
-// MOEKIT_EXPERTS_ONE_TOKEN_RING=0|1 when set (0: never), else 1 (the measured default; read at each
-// call; layers call once, at creation).
-int experts_down_one_token_ring_setting();
-// Whether the bulk down kernel's deep ring is its one-token shape (ExpertsParams::deep_ring 2):
+// MOEKIT_EXPERTS_ONE_TOKEN_RING=0|1 when set (0: never), else 1 (the measured default): the
+// one-token rings of both bulk kernels. Read at each call; layers call once, at creation.
+int experts_one_token_ring_setting();
+// Whether the bulk down kernel's deep ring is its one-token shape (ExpertsParams::ring 2):
 // enabled, one token, and a row fits one 1.5 KB chunk (k <= 768).
 bool experts_down_one_token_ring(int tokens, int k, int enabled);
+// Whether the self-routing gate/up kernel (one token) takes its one-token ring
+// (ExpertsParams::ring 3): enabled, and a row fits one 4 KB chunk (k, the hidden size, <= 2048).
+bool experts_gate_up_one_token_ring(int k, int enabled);
 // The fewest tokens at which the bulk kernels keep re-read weight rows in L2, forced for every
 // hidden size: MOEKIT_EXPERTS_L2_KEEP_FROM=N when set (0: never), else -1 (the measured rule of
 // experts_l2_keep). Read at each call; layers call once, at creation.

@@ -41,7 +41,7 @@
 // arrival as ordering; with a 2-stage ring it reports the consumers' reads against the next fill).
 // Stage layout: 16 weight rows then kNT * 8 activation rows, each at a pitch of kChunkBlocks *
 // 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks
-// (the one-token ring: one activation row, and no pad, BulkShape<1, 2>).
+// (the one-token rings: one activation row, and no pad, BulkShape<1, 2> and <1, 3>).
 // PDL: gate/up's producers wait for the dispatch (first issuing the fused shared experts' items,
 // which need nothing from it, up to ExpertsParams::early_shared; measured on the H200: DeepSeek-V3
 // T=1 205.5 -> 199.1 us) and let the down kernel launch; the down kernel's CTAs
@@ -147,8 +147,8 @@ struct BulkLayout {
 };
 
 // Ring depth, chunk and activation rows per stage, per n-tiles and ring (kRing, kNT 1 only: 0
-// the standard ring; 1 the deep ring, twice the stages of half the chunk; 2 the one-token ring):
-// ~200 KB of shared memory, 1 CTA per SM.
+// the standard ring; 1 the deep ring, twice the stages of half the chunk; 2 and 3 the down and
+// gate/up kernels' one-token rings): ~200 KB of shared memory, 1 CTA per SM.
 template <int kNT, int kRing = 0>
 struct BulkShape;
 template <>
@@ -161,7 +161,7 @@ template <>
 struct BulkShape<1, 1> {
   // 4 x 50 KB (16 x 2 KB weights): for down rows of <= 2 KB, which fill at most half a stage of
   // BulkShape<1, 0>, twice the stages and so twice the weight bytes in flight
-  // (ExpertsParams::deep_ring: where it is used and why)
+  // (ExpertsParams::ring: where it is used and why)
   static constexpr int kStages = 4, kChunkBlocks = 16, kActRows = 8, kRowPad = 64;
 };
 template <>
@@ -171,9 +171,16 @@ struct BulkShape<1, 2> {
   // activation rows of 2 KB reserved for one): 192 KB of weights in flight per SM instead of 96.
   // Unpadded, a tile's 16 rows of exactly 1.5 KB are one contiguous 24 KB copy instead of 16
   // (the copies' issue, not the bytes in flight, bounds these short rows; the consumers' loads
-  // then meet bank conflicts, which one token's few mma hide). 12 blocks are not a multiple of the 8 consumer warps: warps 4-7 take
-  // one block, 0-3 two (the guard below).
+  // then meet bank conflicts, which one token's few mma hide). 12 blocks are not a multiple of
+  // the 8 consumer warps: warps 4-7 take one block, 0-3 two (the guard below).
   static constexpr int kStages = 8, kChunkBlocks = 12, kActRows = 1, kRowPad = 0;
+};
+template <>
+struct BulkShape<1, 3> {
+  // 3 x 68 KB (16 x 4 KB weights, ONE activation row, rows unpadded): the self-routing gate/up
+  // kernel's (one token) for rows of <= 4 KB, where an item's 8 gate rows and 8 up rows are two
+  // contiguous blocks, one copy each instead of 16 (ExpertsParams::ring 3)
+  static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 1, kRowPad = 0;
 };
 template <>
 struct BulkShape<2, 0> {
@@ -348,7 +355,7 @@ __device__ __forceinline__ void self_route_token(const RoutingParams& p, int lan
 // and the next kernel launches only once every CTA has passed its trigger (all were resident).
 // kNT: n-tiles of 8 tokens per task. kSplitRows: 4 KB row chunks copied in two halves
 // (a template parameter, not a runtime test: any code for it slowed the one-copy kernels).
-// kRing: the ring BulkShape<kNT, kRing> (1 deep, 2 one-token). kKeep: the weight rows of a task
+// kRing: the ring BulkShape<kNT, kRing> (1 deep, 2 / 3 one-token). kKeep: the weight rows of a task
 // whose expert has a next task (ExpertTask::more) are copied with normal L2 priority instead of
 // evict-first, so that the next task's item reads them from L2 (a template parameter for the same
 // reason as kSplitRows: its code as a runtime choice cost Qwen3-30B-A3B 1-2% with the choice off,
@@ -381,6 +388,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   constexpr int kChunkBlocks = BulkShape<kNT, kRing>::kChunkBlocks;
   static_assert(kRing != 2 || (kMode == kBulkDown && kNT == 1 && !kSplitRows),
                 "the one-token ring: the chunk-8 down kernel's");
+  static_assert(kRing != 3 || (kMode == kBulkGateUp && kSelfRoute),
+                "the one-token gate/up ring: the self-routing kernel's");
   using L = typename BulkShapeLayout<kNT, kRing>::type;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
   constexpr int kDownTileRows = 16;   // output rows per down item
@@ -480,12 +489,14 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     const __nv_bfloat16* src = nullptr;
     // kHalves: a half item's weight rows (gate and up rows 4(half-1)..+3: lanes & 7 of them)
     const int half = kHalves ? (rec[4] >> 2) & 3 : 0;
-    // the one-token ring with rows that fill its unpadded pitch: lane 0 copies all 16 (W2 rows
-    // r0..r0+15 of one expert are contiguous, and the chunk is the whole row)
-    const bool one_copy = kRing == 2 && row_bytes == static_cast<uint32_t>(L::kPitch);
+    // the one-token rings with rows that fill their unpadded pitch: a tile's contiguous rows in
+    // one copy (down: W2 rows r0..r0+15 of one expert; gate/up: gate rows r0..r0+7, up rows
+    // I+r0..I+r0+7), the chunk being the whole row
+    constexpr int kRowsPerCopy = kRing == 2 ? 16 : kRing == 3 ? 8 : 1;
+    const bool one_copy = kRowsPerCopy > 1 && row_bytes == static_cast<uint32_t>(L::kPitch);
     if (lane < kBulkWeightRows) {
       if (weights && (!kHalves || half == 0 || ((lane & 7) >> 2) == half - 1) &&
-          (!one_copy || lane == 0)) {
+          (!one_copy || (kRowsPerCopy == kBulkWeightRows ? lane == 0 : lane % kRowsPerCopy == 0))) {
         src = (down ? tile_row<false>(dn, expert, tile * kDownTileRows, lane)
                     : tile_row<true>(gu, expert, tile * kGateUpTileRows, lane)) +
               k0;
@@ -508,7 +519,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
           bulk_copy_hinted(static_cast<char*>(dst) + half, src + half / 2, half, &full[s],
                            policy);
         } else {
-          bulk_copy_hinted(dst, src, one_copy ? kBulkWeightRows * row_bytes : row_bytes, &full[s],
+          bulk_copy_hinted(dst, src, one_copy ? kRowsPerCopy * row_bytes : row_bytes, &full[s],
                            policy);
         }
       } else {

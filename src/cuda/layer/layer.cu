@@ -100,7 +100,7 @@ struct GpuMoeLayer::Impl {
   int whole_tile_tokens = 0;                   // the bulk down's MOEKIT_EXPERTS_WHOLE_TILES
   int down_split_tokens = 0;                   // ... its MOEKIT_EXPERTS_DOWN_SPLIT
   int down_deep_tokens = 0;                    // ... its MOEKIT_EXPERTS_DOWN_DEEP
-  int one_token_ring = 0;                      // ... its MOEKIT_EXPERTS_ONE_TOKEN_RING
+  int one_token_ring = 0;                      // both's MOEKIT_EXPERTS_ONE_TOKEN_RING
   int l2_keep_from = -1;                       // the bulk kernels' MOEKIT_EXPERTS_L2_KEEP_FROM
   int down_tail_setting = -1;                  // the bulk down kernel's MOEKIT_EXPERTS_DOWN_TAIL
   int half_items_setting = -1;                 // the gate/up kernel's MOEKIT_EXPERTS_HALF_ITEMS
@@ -329,7 +329,7 @@ struct GpuMoeLayer::Impl {
     whole_tile_tokens = experts_whole_tile_tokens();
     down_split_tokens = experts_down_split_tokens();
     down_deep_tokens = experts_down_deep_tokens();
-    one_token_ring = experts_down_one_token_ring_setting();
+    one_token_ring = experts_one_token_ring_setting();
     l2_keep_from = experts_l2_keep_from_tokens();
     down_tail_setting = experts_down_tail_percent_setting();
     half_items_setting = experts_gate_up_half_items_setting();
@@ -505,6 +505,7 @@ struct GpuMoeLayer::Impl {
     g.trace = trace;
     if (self_route) {
       g.self_route = 1;
+      if (experts_gate_up_one_token_ring(H, one_token_ring)) g.ring = 3;
       g.route = rp;
       // (no align step before it zeroes work[0]: its own counters, which it leaves zeroed)
       g.work_counter = &ctr->self_route_work;
@@ -544,9 +545,9 @@ struct GpuMoeLayer::Impl {
     d.y = static_cast<__nv_bfloat16*>(y);
     d.trace = trace;
     d.weight_copy_pieces = experts_down_copy_pieces(tokens, I, down_split_tokens);
-    d.deep_ring = !experts_down_deep_ring(tokens, I, down_deep_tokens)     ? 0
-                  : experts_down_one_token_ring(tokens, I, one_token_ring) ? 2
-                                                                           : 1;
+    d.ring = !experts_down_deep_ring(tokens, I, down_deep_tokens)     ? 0
+             : experts_down_one_token_ring(tokens, I, one_token_ring) ? 2
+                                                                      : 1;
     d.down_tail_percent = down_tail;
     if (one_expert_launch) {
       launch_experts_fused(chunk, g, d, task_done.as<int>(), fused_grid[ci], st);
