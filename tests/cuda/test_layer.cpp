@@ -701,14 +701,13 @@ TEST(GpuLayerSmall, BulkDownDeepRing) {
                                FuseShared::Auto, 70);
 }
 
-// The bulk down kernel's one-token ring (8 stages of 1.5 KB chunks, one activation row each;
-// experts_down_one_token_ring): against the CPU reference and bit for bit equal to the deep ring
-// (12 k blocks: warps 0-3 take two, 4-7 one, in the same order). At 2 tokens the deep ring runs
-// in both layers; one token again after it (the layer's buffers reused).
-// The one-token rings at hidden 2048 (the self-routing gate/up kernel's 4 KB rows: one copy per
-// 8 rows) and 256 (its 512-byte rows: a copy per row at the unpadded pitch); the down kernel's
-// 1.5 KB rows one copy per tile in both. One token, two (the rings off in both layers), one.
-TEST(GpuLayerSmall, SelfRoutedGateUpOneTokenRing) {
+// The bulk kernels' one-token rings (experts_down_one_token_ring, experts_gate_up_one_token_ring):
+// against the CPU reference and bit for bit equal to the rings they replace (a warp takes the same
+// k blocks in the same order; the down kernel's 12 blocks: warps 0-3 two, 4-7 one). The down
+// kernel's 1.5 KB rows go one copy per tile; the self-routing gate/up kernel's rows one copy per 8
+// rows at hidden 2048 (4 KB rows), a copy per row at the unpadded pitch at 256 (512 bytes). At 2
+// tokens the rings are off in both layers; one token again after it (the buffers reused).
+TEST(GpuLayerSmall, OneTokenRings) {
   SKIP_WITHOUT_GPU();
   for (int hidden : {2048, 256}) {
     const MoeSpec spec = small_spec("qwen3-30b-a3b", hidden, 16, 768);
@@ -718,16 +717,6 @@ TEST(GpuLayerSmall, SelfRoutedGateUpOneTokenRing) {
     expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_ONE_TOKEN_RING", "0", "1",
                                  {1, 2, 1}, FuseShared::Auto, 95);
   }
-}
-
-TEST(GpuLayerSmall, BulkDownOneTokenRing) {
-  SKIP_WITHOUT_GPU();
-  const MoeSpec spec = small_spec("qwen3-30b-a3b", 256, 16, 768);
-  const auto w = make_random_weights(spec, spec.moe_layers.front(), 31);
-  cuda::GpuLayerOptions opt;
-  opt.max_tokens = 8;
-  expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_ONE_TOKEN_RING", "0", "1", {1, 2, 1},
-                               FuseShared::Auto, 90);
 }
 
 // The bulk kernels' instances that keep weight rows read again by the expert's next task in L2

@@ -1,6 +1,6 @@
 // Launch code of the grouped expert kernels (experts_bulk_kernel.cuh, experts_kernel.cuh): the
-// variant table, the persistent grid size, the launch. Twenty-four kernel instances in all (CI
-// compiles them on two cores): 13 bulk, 2 persistent, 9 register kernels.
+// variant table, the persistent grid size, the launch. Twenty-six kernel instances in all (CI
+// compiles them on two cores): 15 bulk, 2 persistent, 9 register kernels.
 //
 // Variants, chosen per forward by experts_stream_default (measured) unless
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent forces one at layer creation:
@@ -60,10 +60,16 @@ struct Variant {
 int smem_bytes(ExpertsStream stream_kind, int chunk, int ring = 0) {
   if (stream_kind != ExpertsStream::Bulk && stream_kind != ExpertsStream::Persistent) return 0;
   if (chunk != 8) return bulk_smem_bytes<2>();
-  if (ring == 3) return bulk_smem_bytes<1, 3>();
-  return ring == 2   ? bulk_smem_bytes<1, 2>()
-         : ring == 1 ? bulk_smem_bytes<1, 1>()
-                     : bulk_smem_bytes<1>();
+  switch (ring) {
+    case 1:
+      return bulk_smem_bytes<1, 1>();
+    case 2:
+      return bulk_smem_bytes<1, 2>();
+    case 3:
+      return bulk_smem_bytes<1, 3>();
+    default:
+      return bulk_smem_bytes<1>();
+  }
 }
 
 // Largest reduction length (in 64-wide k blocks) the 4-warp down variant covers in one round.
@@ -71,8 +77,8 @@ constexpr int kDown4MaxBlocks = 4 * 4;
 
 // k: the reduction length of the launch (H for gate/up, the expert width for down).
 // split_rows: the bulk down kernel's instance that copies weight rows in two halves; ring: its
-// deep-ring (1) or one-token-ring (2) instance (chunk 8); keep: the bulk kernels' L2-keeping
-// instance (chunk 8, kKeep);
+// deep-ring (1) or one-token-ring (2) instance, or the self-routing gate/up kernel's one-token-ring
+// (3) instance (chunk 8); keep: the bulk kernels' L2-keeping instance (chunk 8, kKeep);
 // tail: the bulk down kernel's dynamic-tail instances (chunk 8, kTail; with keep or without).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
                    bool split_rows = false, int ring = 0, bool keep = false, bool tail = false,
