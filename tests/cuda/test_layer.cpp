@@ -701,12 +701,15 @@ TEST(GpuLayerSmall, BulkDownDeepRing) {
                                FuseShared::Auto, 70);
 }
 
-// The bulk kernels' one-token rings (experts_down_one_token_ring, experts_gate_up_one_token_ring):
-// against the CPU reference and bit for bit equal to the rings they replace (a warp takes the same
-// k blocks in the same order; the down kernel's 12 blocks: warps 0-3 two, 4-7 one). The down
-// kernel's 1.5 KB rows go one copy per tile; the self-routing gate/up kernel's rows one copy per 8
-// rows at hidden 2048 (4 KB rows), a copy per row at the unpadded pitch at 256 (512 bytes). At 2
-// tokens the rings are off in both layers; one token again after it (the buffers reused).
+// The bulk kernels' one-token rings (experts_down_one_token_ring, experts_gate_up_one_token_ring,
+// experts_down_wide_one_token_ring): against the CPU reference and bit for bit equal to the rings
+// they replace (a warp takes the same k blocks in the same order; the down kernel's 12 blocks:
+// warps 0-3 two, 4-7 one). The down kernel's 1.5 KB rows go one copy per tile; the self-routing
+// gate/up kernel's rows one copy per 8 rows at hidden 2048 (4 KB rows), a copy per row at the
+// unpadded pitch at 256 (512 bytes). The down kernel's 4 KB rows (inter 2048, as DeepSeek-V3)
+// one 64 KB copy per tile, in place of the split copies; fused and unfused (the routed launch's
+// down; the shared MLP's own launches keep their ring). At 2 tokens the rings are off in both
+// layers; one token again after it (the buffers reused).
 TEST(GpuLayerSmall, OneTokenRings) {
   SKIP_WITHOUT_GPU();
   for (int hidden : {2048, 256}) {
@@ -717,6 +720,12 @@ TEST(GpuLayerSmall, OneTokenRings) {
     expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_ONE_TOKEN_RING", "0", "1",
                                  {1, 2, 1}, FuseShared::Auto, 95);
   }
+  const MoeSpec spec = small_spec("deepseek-v3", 256, 16, 2048);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 41);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 8;
+  expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_ONE_TOKEN_RING", "0", {"1"},
+                                     {1, 2, 1}, 105);
 }
 
 // The bulk kernels' instances that keep weight rows read again by the expert's next task in L2
@@ -1035,6 +1044,11 @@ TEST(ExpertsVariant, OneTokenRingsOnlyAtOneTokenAndForRowsOfOneChunk) {
   EXPECT_TRUE(cuda::experts_gate_up_one_token_ring(2048, 1));   // Qwen3-30B-A3B: 4 KB rows
   EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(2880, 1));  // gpt-oss: two chunks a row
   EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(2048, 0));  // turned off
+  EXPECT_TRUE(cuda::experts_down_wide_one_token_ring(1, 2048, 1));   // DeepSeek-V3: 4 KB rows
+  EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(2, 2048, 1));  // two tokens: split copies
+  EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(1, 1536, 1));  // 3 KB rows: unmeasured
+  EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(1, 2880, 1));  // gpt-oss: two chunks a row
+  EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(1, 2048, 0));  // turned off
 }
 
 TEST(ExpertsVariant, L2KeepFromParsesATokenCountAndNamesABadOne) {

@@ -55,8 +55,8 @@ struct Variant {
   int threads;
 };
 
-// ring: ExpertsParams::ring (0 the standard ring; down: 1 the deep one, 2 the one-token one;
-// gate/up: 3 the one-token one)
+// ring: ExpertsParams::ring (0 the standard ring; down: 1 the deep one, 2 and 3 the one-token
+// ones; gate/up: 3 the one-token one)
 int smem_bytes(ExpertsStream stream_kind, int chunk, int ring = 0) {
   if (stream_kind != ExpertsStream::Bulk && stream_kind != ExpertsStream::Persistent) return 0;
   if (chunk != 8) return bulk_smem_bytes<2>();
@@ -77,9 +77,10 @@ constexpr int kDown4MaxBlocks = 4 * 4;
 
 // k: the reduction length of the launch (H for gate/up, the expert width for down).
 // split_rows: the bulk down kernel's instance that copies weight rows in two halves; ring: its
-// deep-ring (1) or one-token-ring (2) instance, or the self-routing gate/up kernel's one-token-ring
-// (3) instance (chunk 8); keep: the bulk kernels' L2-keeping instance (chunk 8, kKeep);
-// tail: the bulk down kernel's dynamic-tail instances (chunk 8, kTail; with keep or without).
+// deep-ring (1) or one-token-ring (2: rows <= 1.5 KB, 3: 4 KB rows) instance, or the self-routing
+// gate/up kernel's one-token-ring (3) instance (chunk 8); keep: the bulk kernels' L2-keeping
+// instance (chunk 8, kKeep); tail: the bulk down kernel's dynamic-tail instances (chunk 8, kTail;
+// with keep or without).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
                    bool split_rows = false, int ring = 0, bool keep = false, bool tail = false,
                    bool halves = false, bool self_route = false) {
@@ -91,6 +92,7 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
     case ExpertsStream::Bulk:
       if (chunk == 8) {
         if (!gate_up && ring == 2) return {experts_bulk_kernel<false, 1, false, 2>, kBulkThreads};
+        if (!gate_up && ring == 3) return {experts_bulk_kernel<false, 1, false, 3>, kBulkThreads};
         if (!gate_up && ring == 1) return {experts_bulk_kernel<false, 1, false, 1>, kBulkThreads};
         if (!gate_up && split_rows) {
           return {tail ? experts_bulk_kernel<false, 1, true, false, false, true>
@@ -246,6 +248,15 @@ bool experts_down_one_token_ring(int tokens, int k, int enabled) {
   return enabled != 0 && tokens == 1 && k <= 12 * experts_detail::kBlockK;
 }
 
+bool experts_down_wide_one_token_ring(int tokens, int k, int enabled) {
+  // Measured on the H200 (bench/results/h200/2026-12-01-s16-experiments, run 1, the 4.43 TB/s
+  // kind, twice each): DeepSeek-V3 T=1 199.0-199.5 -> 196.2-196.4 us (-1.4%), Kimi-K2 200.0-201.1
+  // -> 197.2-197.5 (-1.4%), against the split instance's 2 KB copies in 2 stages. 1, 2, 4, 8 or
+  // 16 rows per copy were alike (within 0.3%): one copy per tile, the fewest instructions. Only
+  // rows of exactly 4 KB: narrower rows are unmeasured with it.
+  return enabled != 0 && tokens == 1 && k == 32 * experts_detail::kBlockK;
+}
+
 bool experts_gate_up_one_token_ring(int k, int enabled) {
   // Measured on the H200 (bench/results/h200/2026-12-01-s15-experiments, off / on three times in
   // one run): Qwen3-30B-A3B (hidden 2048: 4 KB rows) T=1 30.0-30.1 -> 29.7 us (-1.0%; run 8,
@@ -372,6 +383,7 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
   for (const Twin& t : {Twin{true, 0, false, false, false, false, "split-row"},
                         Twin{false, 1, false, false, false, false, "deep-ring"},
                         Twin{false, 2, false, false, false, false, "one-token-ring"},
+                        Twin{false, 3, false, false, false, false, "4 KB one-token-ring"},
                         Twin{false, 0, true, false, false, false, "L2-keeping"},
                         Twin{false, 0, false, true, false, false, "dynamic-tail"},
                         Twin{false, 0, true, true, false, false, "L2-keeping dynamic-tail"},
@@ -392,18 +404,23 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
   const int ring = chunk == 8 ? p.ring : 0;
-  MK_CHECK(ring == 0 || (kind == ExpertsKind::Down ? ring <= 2
+  MK_CHECK(ring == 0 || (kind == ExpertsKind::Down ? ring <= 3
                                                    : ring == 3 && p.self_route != 0 &&
                                                          p.k <= 32 * experts_detail::kBlockK),
            "launch_experts: ring " << ring
-                                   << " (expected 0, 1 or 2 for down, 3 for a "
+                                   << " (expected 0 to 3 for down, 3 for a "
                                       "self-routing gate/up launch of k <= 2048)");
-  // the one-token ring's stages hold one activation row, and one 1.5 KB row chunk
-  MK_CHECK(ring != 2 ||
-               (p.tokens == 1 && p.k <= 12 * experts_detail::kBlockK && p.weight_copy_pieces == 1),
-           "launch_experts: the one-token ring needs one token and rows of <= 768 (tokens "
-               << p.tokens << ", k " << p.k << ")");
+  // the down one-token rings' stages hold one activation row, and one row chunk of <= 1.5 KB
+  // (ring 2) or <= 4 KB (ring 3); their instances have no split copies and no tail
   const bool tail = kind == ExpertsKind::Down && p.down_tail_percent > 0 && chunk == 8;
+  MK_CHECK(kind != ExpertsKind::Down || ring < 2 ||
+               (p.tokens == 1 && p.k <= (ring == 2 ? 12 : 32) * experts_detail::kBlockK &&
+                p.weight_copy_pieces == 1 && !tail),
+           "launch_experts: the down kernel's one-token ring "
+               << ring << " needs one token, rows of <= " << (ring == 2 ? 768 : 2048)
+               << ", one copy per row and no tail (tokens " << p.tokens << ", k " << p.k
+               << ", copy pieces " << p.weight_copy_pieces << ", tail " << p.down_tail_percent
+               << "%)");
   MK_CHECK(!tail || p.tile_counters != nullptr,
            "launch_experts: a down tail (down_tail_percent " << p.down_tail_percent
                                                              << ") needs the combine's counters");

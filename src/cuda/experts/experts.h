@@ -44,7 +44,9 @@ struct ExpertsParams {
   // bulk kernels at chunk 8, the ring's shape (each its own kernel instance), else 0 (the
   // standard ring). Down: 1 the deep ring, 4 stages of 2 KB chunks instead of 2 of 4 KB (why:
   // experts_down_deep_tokens); 2 the one-token ring, 8 stages of 1.5 KB chunks with one
-  // activation row each, a tile's rows one copy (experts_down_one_token_ring). Gate/up
+  // activation row each, a tile's rows one copy (experts_down_one_token_ring); 3 the one-token
+  // ring of 4 KB rows, 3 stages of one 64 KB copy and one activation row
+  // (experts_down_wide_one_token_ring). Gate/up
   // (self-routing only): 3 its one-token ring, 3 stages of 4 KB chunks with one activation row,
   // a tile's gate rows and up rows one copy each (experts_gate_up_one_token_ring).
   int ring = 0;
@@ -139,6 +141,9 @@ int experts_one_token_ring_setting();
 // Whether the bulk down kernel's deep ring is its one-token shape (ExpertsParams::ring 2):
 // enabled, one token, and a row fits one 1.5 KB chunk (k <= 768).
 bool experts_down_one_token_ring(int tokens, int k, int enabled);
+// Whether the bulk down kernel takes its one-token ring of 4 KB rows (ExpertsParams::ring 3, in
+// place of the split instance): enabled, one token, and rows of exactly 4 KB (k 2048).
+bool experts_down_wide_one_token_ring(int tokens, int k, int enabled);
 // Whether the self-routing gate/up kernel (one token) takes its one-token ring
 // (ExpertsParams::ring 3): enabled, and a row fits one 4 KB chunk (k, the hidden size, <= 2048).
 bool experts_gate_up_one_token_ring(int k, int enabled);

@@ -177,9 +177,11 @@ struct BulkShape<1, 2> {
 };
 template <>
 struct BulkShape<1, 3> {
-  // 3 x 68 KB (16 x 4 KB weights, ONE activation row, rows unpadded): the self-routing gate/up
-  // kernel's (one token) for rows of <= 4 KB, where an item's 8 gate rows and 8 up rows are two
-  // contiguous blocks, one copy each instead of 16 (ExpertsParams::ring 3)
+  // 3 x 68 KB (16 x 4 KB weights, ONE activation row, rows unpadded), at one token
+  // (ExpertsParams::ring 3): the self-routing gate/up kernel's for rows of <= 4 KB, where an
+  // item's 8 gate rows and 8 up rows are two contiguous blocks, one copy each instead of 16; and
+  // the down kernel's for rows of exactly 4 KB (DeepSeek-V3, Kimi-K2), a tile's 16 rows one 64 KB
+  // copy instead of 32 of 2 KB, with 192 KB of weights in flight per SM instead of 128
   static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 1, kRowPad = 0;
 };
 template <>
@@ -388,8 +390,9 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   constexpr int kChunkBlocks = BulkShape<kNT, kRing>::kChunkBlocks;
   static_assert(kRing != 2 || (kMode == kBulkDown && kNT == 1 && !kSplitRows),
                 "the one-token ring: the chunk-8 down kernel's");
-  static_assert(kRing != 3 || (kMode == kBulkGateUp && kSelfRoute),
-                "the one-token gate/up ring: the self-routing kernel's");
+  static_assert(kRing != 3 || (kMode == kBulkGateUp && kSelfRoute) ||
+                    (kMode == kBulkDown && kNT == 1 && !kSplitRows && !kTail),
+                "ring 3: the self-routing gate/up kernel's, or the chunk-8 down kernel's");
   using L = typename BulkShapeLayout<kNT, kRing>::type;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
   constexpr int kDownTileRows = 16;   // output rows per down item
@@ -492,7 +495,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     // the one-token rings with rows that fill their unpadded pitch: a tile's contiguous rows in
     // one copy (down: W2 rows r0..r0+15 of one expert; gate/up: gate rows r0..r0+7, up rows
     // I+r0..I+r0+7), the chunk being the whole row
-    constexpr int kRowsPerCopy = kRing == 2 ? 16 : kRing == 3 ? 8 : 1;
+    constexpr int kRowsPerCopy = kRing < 2 ? 1 : kMode == kBulkGateUp ? 8 : 16;
     const bool one_copy = kRowsPerCopy > 1 && row_bytes == static_cast<uint32_t>(L::kPitch);
     if (lane < kBulkWeightRows) {
       if (weights && (!kHalves || half == 0 || ((lane & 7) >> 2) == half - 1) &&
@@ -810,8 +813,9 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     // 2026-11-30-s13-experiments, run 4): Qwen3-30B-A3B T=1 32.2 -> 31.75 us (-1.4%), T=2 -0.7%,
     // T=4 equal, T=8 +0.2%. With 4 KB rows (DeepSeek-V3: 2 stages) 1 stage was equal (run 1).
     // The one-token ring likewise (2026-12-01-s15-experiments, run 6: 2 / 4 / 7 of its 8 stages
-    // early: equal, +0.3%, +9%).
-    constexpr int kEarlyStages = kRing != 0 ? 1 : kStages;
+    // early: equal, +0.3%, +9%). Ring 3 (4 KB rows) issues all 3, as the split instance its 2
+    // (measured so: 2026-12-01-s16-experiments, run 1).
+    constexpr int kEarlyStages = kRing == 1 || kRing == 2 ? 1 : kStages;
     int n = pre_fills;  // stage fills so far
     // Two items of look-ahead: item i+1's pair ids and item i+2's task are in flight while item
     // i's stages are issued (a down item can be a single ~24 KB stage, shorter than the two

@@ -549,6 +549,10 @@ struct GpuMoeLayer::Impl {
              : experts_down_one_token_ring(tokens, I, one_token_ring) ? 2
                                                                       : 1;
     d.down_tail_percent = down_tail;
+    if (down_tail == 0 && experts_down_wide_one_token_ring(tokens, I, one_token_ring)) {
+      d.ring = 3;  // (in place of the split copies, weight_copy_pieces 2 at 4 KB rows)
+      d.weight_copy_pieces = 1;
+    }
     if (one_expert_launch) {
       launch_experts_fused(chunk, g, d, task_done.as<int>(), fused_grid[ci], st);
     } else {
