@@ -410,17 +410,19 @@ void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
            "launch_experts: ring " << ring
                                    << " (expected 0 to 3 for down, 3 for a "
                                       "self-routing gate/up launch of k <= 2048)");
-  // the down one-token rings' stages hold one activation row, and one row chunk of <= 1.5 KB
-  // (ring 2) or <= 4 KB (ring 3); their instances have no split copies and no tail
+  // the down rings' instances have no tail; the one-token rings' stages hold one activation
+  // row, and one row chunk of <= 1.5 KB (ring 2) or <= 4 KB (ring 3), with no split copies
   const bool tail = kind == ExpertsKind::Down && p.down_tail_percent > 0 && chunk == 8;
+  MK_CHECK(kind != ExpertsKind::Down || ring == 0 || !tail,
+           "launch_experts: the down kernel's ring " << ring << " has no tail (tail "
+                                                     << p.down_tail_percent << "%)");
   MK_CHECK(kind != ExpertsKind::Down || ring < 2 ||
                (p.tokens == 1 && p.k <= (ring == 2 ? 12 : 32) * experts_detail::kBlockK &&
-                p.weight_copy_pieces == 1 && !tail),
+                p.weight_copy_pieces == 1),
            "launch_experts: the down kernel's one-token ring "
                << ring << " needs one token, rows of <= " << (ring == 2 ? 768 : 2048)
-               << ", one copy per row and no tail (tokens " << p.tokens << ", k " << p.k
-               << ", copy pieces " << p.weight_copy_pieces << ", tail " << p.down_tail_percent
-               << "%)");
+               << " and one copy per row (tokens " << p.tokens << ", k " << p.k << ", copy pieces "
+               << p.weight_copy_pieces << ")");
   MK_CHECK(!tail || p.tile_counters != nullptr,
            "launch_experts: a down tail (down_tail_percent " << p.down_tail_percent
                                                              << ") needs the combine's counters");

@@ -171,8 +171,8 @@ struct GpuMoeLayer::Impl {
     if (spec.has_expert_bias) {
       allocate<float>(b13, rows * 2 * I, weight_bytes);
       allocate<float>(b2, rows * H, weight_bytes);
-      MK_CUDA_CHECK(cudaMemset(b13.ptr, 0, b13.bytes));
-      MK_CUDA_CHECK(cudaMemset(b2.ptr, 0, b2.bytes));
+      MK_CUDA_CHECK(cudaMemsetAsync(b13.ptr, 0, b13.bytes, stream));
+      MK_CUDA_CHECK(cudaMemsetAsync(b2.ptr, 0, b2.bytes, stream));
     }
     if (has_shared) {
       allocate<__nv_bfloat16>(shared_w13, static_cast<size_t>(2) * Is * H, weight_bytes);
@@ -202,49 +202,46 @@ struct GpuMoeLayer::Impl {
     }
   }
 
+  // Every copy in the layer's stream, in order with the memsets before it and the kernels after.
+  // why not cudaMemcpy: it runs in the legacy default stream, which a non-blocking stream does not
+  // wait for, and from pageable memory it may return before its DMA lands.
   void upload(const LayerWeights& w) {
+    auto to_device = [&](void* dst, const void* src, size_t bytes) {
+      MK_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+    };
     const size_t router_elems = static_cast<size_t>(cols) * H;
     MK_CHECK(w.router_weight() != nullptr, "router weight of " << spec.name << " is missing");
-    MK_CUDA_CHECK(cudaMemcpy(router_w.ptr, w.router_weight(),
-                             router_elems * dtype_size(spec.router_dtype),
-                             cudaMemcpyHostToDevice));
+    to_device(router_w.ptr, w.router_weight(), router_elems * dtype_size(spec.router_dtype));
     if (spec.has_router_bias) {
       MK_CHECK(w.router_bias() != nullptr, spec.name << " has a router bias but none was given");
-      MK_CUDA_CHECK(cudaMemcpy(router_bias.ptr, w.router_bias(), E * sizeof(float),
-                               cudaMemcpyHostToDevice));
+      to_device(router_bias.ptr, w.router_bias(), E * sizeof(float));
     }
     if (spec.has_correction_bias) {
       MK_CHECK(w.correction_bias() != nullptr,
                spec.name << " has a correction bias but none was given");
-      MK_CUDA_CHECK(cudaMemcpy(corr_bias.ptr, w.correction_bias(), E * sizeof(float),
-                               cudaMemcpyHostToDevice));
+      to_device(corr_bias.ptr, w.correction_bias(), E * sizeof(float));
     }
     const size_t expert13 = static_cast<size_t>(2) * I * H, expert2 = static_cast<size_t>(H) * I;
     for (int e = 0; e < rows_fused(); ++e) {
       const ExpertView v = w.expert(e);
       MK_CHECK(v.w13 != nullptr && v.w2 != nullptr, "expert " << e << " of " << spec.name
                                                                << " has no weights");
-      MK_CUDA_CHECK(cudaMemcpy(w13.as<__nv_bfloat16>() + e * expert13, v.w13, expert13 * 2,
-                               cudaMemcpyHostToDevice));
-      MK_CUDA_CHECK(cudaMemcpy(w2.as<__nv_bfloat16>() + e * expert2, v.w2, expert2 * 2,
-                               cudaMemcpyHostToDevice));
+      to_device(w13.as<__nv_bfloat16>() + e * expert13, v.w13, expert13 * 2);
+      to_device(w2.as<__nv_bfloat16>() + e * expert2, v.w2, expert2 * 2);
       if (spec.has_expert_bias && v.b13 != nullptr) {
-        MK_CUDA_CHECK(cudaMemcpy(b13.as<float>() + e * static_cast<size_t>(2) * I, v.b13,
-                                 static_cast<size_t>(2) * I * sizeof(float),
-                                 cudaMemcpyHostToDevice));
+        to_device(b13.as<float>() + e * static_cast<size_t>(2) * I, v.b13,
+                  static_cast<size_t>(2) * I * sizeof(float));
       }
       if (spec.has_expert_bias && v.b2 != nullptr) {
-        MK_CUDA_CHECK(cudaMemcpy(b2.as<float>() + e * static_cast<size_t>(H), v.b2,
-                                 static_cast<size_t>(H) * sizeof(float), cudaMemcpyHostToDevice));
+        to_device(b2.as<float>() + e * static_cast<size_t>(H), v.b2,
+                  static_cast<size_t>(H) * sizeof(float));
       }
     }
     if (has_shared) {
       MK_CHECK(w.shared_w13() != nullptr && w.shared_w2() != nullptr,
                "shared expert weights of " << spec.name << " are missing");
-      MK_CUDA_CHECK(cudaMemcpy(shared_w13.ptr, w.shared_w13(), shared_w13.bytes,
-                               cudaMemcpyHostToDevice));
-      MK_CUDA_CHECK(cudaMemcpy(shared_w2.ptr, w.shared_w2(), shared_w2.bytes,
-                               cudaMemcpyHostToDevice));
+      to_device(shared_w13.ptr, w.shared_w13(), shared_w13.bytes);
+      to_device(shared_w2.ptr, w.shared_w2(), shared_w2.bytes);
     }
   }
 
@@ -311,15 +308,16 @@ struct GpuMoeLayer::Impl {
     allocate<int>(error_flag, 1, ws);
     allocate<__nv_bfloat16>(x_in, static_cast<size_t>(tm) * H, ws);
     allocate<__nv_bfloat16>(y_out, static_cast<size_t>(tm) * H, ws);
-    MK_CUDA_CHECK(cudaMemset(tasks.ptr, 0, tasks.bytes));  // read ahead (task_capacity)
-    MK_CUDA_CHECK(cudaMemset(shared_tasks.ptr, 0, shared_tasks.bytes));
-    MK_CUDA_CHECK(cudaMemset(counters.ptr, 0, counters.bytes));
-    MK_CUDA_CHECK(cudaMemset(tile_counters.ptr, 0, tile_counters.bytes));
-    MK_CUDA_CHECK(cudaMemset(error_flag.ptr, 0, error_flag.bytes));
+    // (tasks are read ahead of the task count: task_capacity)
+    MK_CUDA_CHECK(cudaMemsetAsync(tasks.ptr, 0, tasks.bytes, stream));
+    MK_CUDA_CHECK(cudaMemsetAsync(shared_tasks.ptr, 0, shared_tasks.bytes, stream));
+    MK_CUDA_CHECK(cudaMemsetAsync(counters.ptr, 0, counters.bytes, stream));
+    MK_CUDA_CHECK(cudaMemsetAsync(tile_counters.ptr, 0, tile_counters.bytes, stream));
+    MK_CUDA_CHECK(cudaMemsetAsync(error_flag.ptr, 0, error_flag.bytes, stream));
     std::vector<int> identity(tm);
     for (int i = 0; i < tm; ++i) identity[i] = i;
-    MK_CUDA_CHECK(cudaMemcpy(pair_identity.ptr, identity.data(), tm * sizeof(int),
-                             cudaMemcpyHostToDevice));
+    MK_CUDA_CHECK(cudaMemcpyAsync(pair_identity.ptr, identity.data(), tm * sizeof(int),
+                                  cudaMemcpyHostToDevice, stream));
   }
 
   void init_launch_config() {
@@ -545,9 +543,10 @@ struct GpuMoeLayer::Impl {
     d.y = static_cast<__nv_bfloat16*>(y);
     d.trace = trace;
     d.weight_copy_pieces = experts_down_copy_pieces(tokens, I, down_split_tokens);
-    d.ring = !experts_down_deep_ring(tokens, I, down_deep_tokens)     ? 0
-             : experts_down_one_token_ring(tokens, I, one_token_ring) ? 2
-                                                                      : 1;
+    // (the rings' instances have no tail: a tail, only ever forced where a ring would be, wins)
+    d.ring = down_tail > 0 || !experts_down_deep_ring(tokens, I, down_deep_tokens) ? 0
+             : experts_down_one_token_ring(tokens, I, one_token_ring)              ? 2
+                                                                                   : 1;
     d.down_tail_percent = down_tail;
     if (down_tail == 0 && experts_down_wide_one_token_ring(tokens, I, one_token_ring)) {
       d.ring = 3;  // (in place of the split copies, weight_copy_pieces 2 at 4 KB rows)
