@@ -706,13 +706,15 @@ TEST(GpuLayerSmall, BulkDownDeepRing) {
 // they replace (a warp takes the same k blocks in the same order; the down kernel's 12 blocks:
 // warps 0-3 two, 4-7 one). The down kernel's 1.5 KB rows go one copy per tile; the self-routing
 // gate/up kernel's rows one copy per 8 rows at hidden 2048 (4 KB rows), a copy per row at the
-// unpadded pitch at 256 (512 bytes). The down kernel's 4 KB rows (inter 2048, as DeepSeek-V3)
-// one 64 KB copy per tile, in place of the split copies; fused and unfused (the routed launch's
-// down; the shared MLP's own launches keep their ring). At 2 tokens the rings are off in both
-// layers; one token again after it (the buffers reused).
+// unpadded pitch at 256 (512 bytes) and at 2240 (a 4 KB chunk and a 384-byte one). The down
+// kernel's 4 KB rows (inter 2048, as DeepSeek-V3) one 64 KB copy per tile, in place of the split
+// copies. The gate/up kernel with the routing kernel before it (shared experts) at hidden 2240,
+// with whole and (forced) half items; fused and unfused (the routed launches; the shared MLP's
+// own launches keep their rings). At 2 tokens the rings are off in both layers; one token again
+// after it (the buffers reused).
 TEST(GpuLayerSmall, OneTokenRings) {
   SKIP_WITHOUT_GPU();
-  for (int hidden : {2048, 256}) {
+  for (int hidden : {2048, 256, 2240}) {
     const MoeSpec spec = small_spec("qwen3-30b-a3b", hidden, 16, 768);
     const auto w = make_random_weights(spec, spec.moe_layers.front(), 37);
     cuda::GpuLayerOptions opt;
@@ -720,12 +722,20 @@ TEST(GpuLayerSmall, OneTokenRings) {
     expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_ONE_TOKEN_RING", "0", "1",
                                  {1, 2, 1}, FuseShared::Auto, 95);
   }
-  const MoeSpec spec = small_spec("deepseek-v3", 256, 16, 2048);
-  const auto w = make_random_weights(spec, spec.moe_layers.front(), 41);
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 8;
+  for (int hidden : {256, 2240}) {
+    const MoeSpec spec = small_spec("deepseek-v3", hidden, 16, 2048);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 41);
+    expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_ONE_TOKEN_RING", "0", {"1"},
+                                       {1, 2, 1}, 105);
+  }
+  const MoeSpec spec = small_spec("deepseek-v3", 2240, 16, 256);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 43);
+  setenv("MOEKIT_EXPERTS_HALF_ITEMS", "1", 1);
   expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_ONE_TOKEN_RING", "0", {"1"},
-                                     {1, 2, 1}, 105);
+                                     {1, 2, 1}, 110);
+  unsetenv("MOEKIT_EXPERTS_HALF_ITEMS");
 }
 
 // The bulk kernels' instances that keep weight rows read again by the expert's next task in L2
@@ -1041,9 +1051,9 @@ TEST(ExpertsVariant, OneTokenRingsOnlyAtOneTokenAndForRowsOfOneChunk) {
   EXPECT_FALSE(cuda::experts_down_one_token_ring(2, 768, 1));   // two tokens: the deep ring
   EXPECT_FALSE(cuda::experts_down_one_token_ring(1, 1024, 1));  // 2 KB rows: the deep ring
   EXPECT_FALSE(cuda::experts_down_one_token_ring(1, 768, 0));   // turned off
-  EXPECT_TRUE(cuda::experts_gate_up_one_token_ring(2048, 1));   // Qwen3-30B-A3B: 4 KB rows
-  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(2880, 1));  // gpt-oss: two chunks a row
-  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(2048, 0));  // turned off
+  EXPECT_TRUE(cuda::experts_gate_up_one_token_ring(1, 1));      // every hidden size
+  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(2, 1));     // two tokens: the standard ring
+  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(1, 0));     // turned off
   EXPECT_TRUE(cuda::experts_down_wide_one_token_ring(1, 2048, 1));   // DeepSeek-V3: 4 KB rows
   EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(2, 2048, 1));  // two tokens: split copies
   EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(1, 1536, 1));  // 3 KB rows: unmeasured

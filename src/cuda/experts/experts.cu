@@ -107,6 +107,11 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
         if (gate_up && self_route && ring == 3 && !keep && !halves) {
           return {experts_bulk_kernel<true, 1, false, 3, false, false, false, true>, kBulkThreads};
         }
+        if (gate_up && ring == 3 && !keep) {
+          return {halves ? experts_bulk_kernel<true, 1, false, 3, false, false, true>
+                         : experts_bulk_kernel<true, 1, false, 3>,
+                  kBulkThreads};
+        }
         if (gate_up && self_route && !keep && !halves) {
           return {experts_bulk_kernel<true, 1, false, false, false, false, false, true>,
                   kBulkThreads};
@@ -257,13 +262,17 @@ bool experts_down_wide_one_token_ring(int tokens, int k, int enabled) {
   return enabled != 0 && tokens == 1 && k == 32 * experts_detail::kBlockK;
 }
 
-bool experts_gate_up_one_token_ring(int k, int enabled) {
+bool experts_gate_up_one_token_ring(int tokens, int enabled) {
   // Measured on the H200 (bench/results/h200/2026-12-01-s15-experiments, off / on three times in
   // one run): Qwen3-30B-A3B (hidden 2048: 4 KB rows) T=1 30.0-30.1 -> 29.7 us (-1.0%; run 8,
   // the down kernel's one-token ring in both); both rings against neither 30.5-30.6 -> 29.5 us
   // (-3.3%; run 9). Two copies per 64 KB item instead of 16. The gate/up tail's 35% stays with
-  // it (20% equal, 50% +1%; run 9).
-  return enabled != 0 && k <= 32 * experts_detail::kBlockK;
+  // it (20% equal, 50% +1%; run 9). For rows of several 4 KB chunks, copied row by row: the
+  // third stage alone (2026-12-01-s16-experiments, run 5, off / on twice in one run on the 4.53
+  // TB/s kind): DeepSeek-V3 194.2-194.4 -> 186.9-187.5 us (-3.8%; 0.904 -> 0.939 of the read
+  // bandwidth), Kimi-K2 -2.2%, GLM-5 -6.5%, DeepSeek-V4-Flash -2.5%, GLM-4.5 -3.2%, MiniMax-M2
+  // -1.9%.
+  return enabled != 0 && tokens == 1;
 }
 
 int experts_l2_keep_from_tokens() {
@@ -390,7 +399,9 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
                         Twin{true, 0, false, true, false, false, "split-row dynamic-tail"},
                         Twin{false, 0, false, false, true, false, "half-item"},
                         Twin{false, 0, false, false, false, true, "self-routing"},
-                        Twin{false, 3, false, false, false, true, "one-token self-routing"}}) {
+                        Twin{false, 3, false, false, false, true, "one-token self-routing"},
+                        Twin{false, 3, false, false, false, false, "one-token gate/up"},
+                        Twin{false, 3, false, false, true, false, "one-token half-item"}}) {
     const Variant twin = kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.ring, t.keep,
                                     t.tail, t.halves, t.self_route);
     if (twin.fn == v.fn) continue;
@@ -404,12 +415,10 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
   const int ring = chunk == 8 ? p.ring : 0;
-  MK_CHECK(ring == 0 || (kind == ExpertsKind::Down ? ring <= 3
-                                                   : ring == 3 && p.self_route != 0 &&
-                                                         p.k <= 32 * experts_detail::kBlockK),
+  MK_CHECK(ring == 0 || (kind == ExpertsKind::Down ? ring <= 3 : ring == 3 && p.l2_keep == 0),
            "launch_experts: ring " << ring
-                                   << " (expected 0 to 3 for down, 3 for a "
-                                      "self-routing gate/up launch of k <= 2048)");
+                                   << " (expected 0 to 3 for down, 0 or 3 for gate/up; 3 without "
+                                      "the L2 keep)");
   // the down rings' instances have no tail; the one-token rings' stages hold one activation
   // row, and one row chunk of <= 1.5 KB (ring 2) or <= 4 KB (ring 3), with no split copies
   const bool tail = kind == ExpertsKind::Down && p.down_tail_percent > 0 && chunk == 8;

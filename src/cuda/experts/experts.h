@@ -46,9 +46,9 @@ struct ExpertsParams {
   // experts_down_deep_tokens); 2 the one-token ring, 8 stages of 1.5 KB chunks with one
   // activation row each, a tile's rows one copy (experts_down_one_token_ring); 3 the one-token
   // ring of 4 KB rows, 3 stages of one 64 KB copy and one activation row
-  // (experts_down_wide_one_token_ring). Gate/up
-  // (self-routing only): 3 its one-token ring, 3 stages of 4 KB chunks with one activation row,
-  // a tile's gate rows and up rows one copy each (experts_gate_up_one_token_ring).
+  // (experts_down_wide_one_token_ring). Gate/up: 3 its one-token ring, 3 stages of 4 KB chunks
+  // with one activation row, a tile's gate rows and up rows one copy each where a row is one
+  // chunk (experts_gate_up_one_token_ring).
   int ring = 0;
   // bulk kernels at chunk 8: 1 for their instance that copies the weight rows of a task whose
   // expert has a next task (ExpertTask::more: that task's item reads the same rows next) with
@@ -144,9 +144,9 @@ bool experts_down_one_token_ring(int tokens, int k, int enabled);
 // Whether the bulk down kernel takes its one-token ring of 4 KB rows (ExpertsParams::ring 3, in
 // place of the split instance): enabled, one token, and rows of exactly 4 KB (k 2048).
 bool experts_down_wide_one_token_ring(int tokens, int k, int enabled);
-// Whether the self-routing gate/up kernel (one token) takes its one-token ring
-// (ExpertsParams::ring 3): enabled, and a row fits one 4 KB chunk (k, the hidden size, <= 2048).
-bool experts_gate_up_one_token_ring(int k, int enabled);
+// Whether the bulk gate/up kernel takes its one-token ring (ExpertsParams::ring 3; chunk 8, not
+// with the L2 keep): enabled, and one token.
+bool experts_gate_up_one_token_ring(int tokens, int enabled);
 // The fewest tokens at which the bulk kernels keep re-read weight rows in L2, forced for every
 // hidden size: MOEKIT_EXPERTS_L2_KEEP_FROM=N when set (0: never), else -1 (the measured rule of
 // experts_l2_keep). Read at each call; layers call once, at creation.

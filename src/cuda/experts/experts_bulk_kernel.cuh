@@ -178,8 +178,9 @@ struct BulkShape<1, 2> {
 template <>
 struct BulkShape<1, 3> {
   // 3 x 68 KB (16 x 4 KB weights, ONE activation row, rows unpadded), at one token
-  // (ExpertsParams::ring 3): the self-routing gate/up kernel's for rows of <= 4 KB, where an
-  // item's 8 gate rows and 8 up rows are two contiguous blocks, one copy each instead of 16; and
+  // (ExpertsParams::ring 3): the gate/up kernel's, 192 KB of weights in flight per SM instead of
+  // 128 (where a row is one chunk, <= 4 KB, an item's 8 gate rows and 8 up rows are two
+  // contiguous blocks, one copy each instead of 16; wider rows go one copy per row chunk); and
   // the down kernel's for rows of exactly 4 KB (DeepSeek-V3, Kimi-K2), a tile's 16 rows one 64 KB
   // copy instead of 32 of 2 KB, with 192 KB of weights in flight per SM instead of 128
   static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 1, kRowPad = 0;
@@ -390,9 +391,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   constexpr int kChunkBlocks = BulkShape<kNT, kRing>::kChunkBlocks;
   static_assert(kRing != 2 || (kMode == kBulkDown && kNT == 1 && !kSplitRows),
                 "the one-token ring: the chunk-8 down kernel's");
-  static_assert(kRing != 3 || (kMode == kBulkGateUp && kSelfRoute) ||
-                    (kMode == kBulkDown && kNT == 1 && !kSplitRows && !kTail),
-                "ring 3: the self-routing gate/up kernel's, or the chunk-8 down kernel's");
+  static_assert(kRing != 3 || (kMode != kBulkFused && kNT == 1 && !kKeep && !kSplitRows && !kTail),
+                "ring 3: the chunk-8 gate/up and down kernels' at one token");
   using L = typename BulkShapeLayout<kNT, kRing>::type;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
   constexpr int kDownTileRows = 16;   // output rows per down item
@@ -492,11 +492,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     const __nv_bfloat16* src = nullptr;
     // kHalves: a half item's weight rows (gate and up rows 4(half-1)..+3: lanes & 7 of them)
     const int half = kHalves ? (rec[4] >> 2) & 3 : 0;
-    // the one-token rings with rows that fill their unpadded pitch: a tile's contiguous rows in
-    // one copy (down: W2 rows r0..r0+15 of one expert; gate/up: gate rows r0..r0+7, up rows
-    // I+r0..I+r0+7), the chunk being the whole row
+    // the one-token rings with rows of one chunk that fill their unpadded pitch: a tile's
+    // contiguous rows in one copy (down: W2 rows r0..r0+15 of one expert; gate/up: gate rows
+    // r0..r0+7, up rows I+r0..I+r0+7); rows of several chunks go one copy per row
     constexpr int kRowsPerCopy = kRing < 2 ? 1 : kMode == kBulkGateUp ? 8 : 16;
-    const bool one_copy = kRowsPerCopy > 1 && row_bytes == static_cast<uint32_t>(L::kPitch);
+    const bool one_copy =
+        kRowsPerCopy > 1 && row_bytes == static_cast<uint32_t>(L::kPitch) && nkb <= kChunkBlocks;
     if (lane < kBulkWeightRows) {
       if (weights && (!kHalves || half == 0 || ((lane & 7) >> 2) == half - 1) &&
           (!one_copy || (kRowsPerCopy == kBulkWeightRows ? lane == 0 : lane % kRowsPerCopy == 0))) {

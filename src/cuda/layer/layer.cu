@@ -503,12 +503,12 @@ struct GpuMoeLayer::Impl {
     g.trace = trace;
     if (self_route) {
       g.self_route = 1;
-      if (experts_gate_up_one_token_ring(H, one_token_ring)) g.ring = 3;
       g.route = rp;
       // (no align step before it zeroes work[0]: its own counters, which it leaves zeroed)
       g.work_counter = &ctr->self_route_work;
       g.self_route_ctas_done = &ctr->self_route_ctas_done;
     }
+    if (l2_keep == 0 && experts_gate_up_one_token_ring(tokens, one_token_ring)) g.ring = 3;
     if (s_run > 0 && sk == ExpertsStream::Bulk && tokens <= shared_first_tokens) {
       g.early_shared = s_run;
       g.first_shared_expert = E;
