@@ -708,10 +708,10 @@ TEST(GpuLayerSmall, BulkDownDeepRing) {
 // gate/up kernel's rows one copy per 8 rows at hidden 2048 (4 KB rows), a copy per row at the
 // unpadded pitch at 256 (512 bytes) and at 2240 (a 4 KB chunk and a 384-byte one). The down
 // kernel's 4 KB rows (inter 2048, as DeepSeek-V3) one 64 KB copy per tile, in place of the split
-// copies. The gate/up kernel with the routing kernel before it (shared experts) at hidden 2240,
-// with whole and (forced) half items; fused and unfused (the routed launches; the shared MLP's
-// own launches keep their rings). At 2 tokens the rings are off in both layers; one token again
-// after it (the buffers reused).
+// copies. The gate/up kernel with the routing kernel before it (shared experts) at hidden 2240
+// (at 256, one chunk, it keeps the standard ring), with whole and (forced) half items; fused and
+// unfused (the routed launches; the shared MLP's own launches keep their rings). At 2 tokens the
+// rings are off in both layers; one token again after it (the buffers reused).
 TEST(GpuLayerSmall, OneTokenRings) {
   SKIP_WITHOUT_GPU();
   for (int hidden : {2048, 256, 2240}) {
@@ -1051,9 +1051,12 @@ TEST(ExpertsVariant, OneTokenRingsOnlyAtOneTokenAndForRowsOfOneChunk) {
   EXPECT_FALSE(cuda::experts_down_one_token_ring(2, 768, 1));   // two tokens: the deep ring
   EXPECT_FALSE(cuda::experts_down_one_token_ring(1, 1024, 1));  // 2 KB rows: the deep ring
   EXPECT_FALSE(cuda::experts_down_one_token_ring(1, 768, 0));   // turned off
-  EXPECT_TRUE(cuda::experts_gate_up_one_token_ring(1, 1));      // every hidden size
-  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(2, 1));     // two tokens: the standard ring
-  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(1, 0));     // turned off
+  EXPECT_TRUE(cuda::experts_gate_up_one_token_ring(1, 7168, false, 1));   // DeepSeek-V3
+  EXPECT_TRUE(cuda::experts_gate_up_one_token_ring(1, 2880, true, 1));    // gpt-oss, self-routed
+  EXPECT_TRUE(cuda::experts_gate_up_one_token_ring(1, 2048, true, 1));    // Qwen3-30B-A3B
+  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(1, 2048, false, 1));  // DeepSeek-V2-Lite
+  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(2, 7168, false, 1));  // two tokens
+  EXPECT_FALSE(cuda::experts_gate_up_one_token_ring(1, 7168, false, 0));  // turned off
   EXPECT_TRUE(cuda::experts_down_wide_one_token_ring(1, 2048, 1));   // DeepSeek-V3: 4 KB rows
   EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(2, 2048, 1));  // two tokens: split copies
   EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(1, 1536, 1));  // 3 KB rows: unmeasured

@@ -262,7 +262,7 @@ bool experts_down_wide_one_token_ring(int tokens, int k, int enabled) {
   return enabled != 0 && tokens == 1 && k == 32 * experts_detail::kBlockK;
 }
 
-bool experts_gate_up_one_token_ring(int tokens, int enabled) {
+bool experts_gate_up_one_token_ring(int tokens, int hidden, bool self_route, int enabled) {
   // Measured on the H200 (bench/results/h200/2026-12-01-s15-experiments, off / on three times in
   // one run): Qwen3-30B-A3B (hidden 2048: 4 KB rows) T=1 30.0-30.1 -> 29.7 us (-1.0%; run 8,
   // the down kernel's one-token ring in both); both rings against neither 30.5-30.6 -> 29.5 us
@@ -271,8 +271,11 @@ bool experts_gate_up_one_token_ring(int tokens, int enabled) {
   // third stage alone (2026-12-01-s16-experiments, run 5, off / on twice in one run on the 4.53
   // TB/s kind): DeepSeek-V3 194.2-194.4 -> 186.9-187.5 us (-3.8%; 0.904 -> 0.939 of the read
   // bandwidth), Kimi-K2 -2.2%, GLM-5 -6.5%, DeepSeek-V4-Flash -2.5%, GLM-4.5 -3.2%, MiniMax-M2
-  // -1.9%.
-  return enabled != 0 && tokens == 1;
+  // -1.9%; self-routed (run 6, all one-token rings off / on): Qwen3-235B-A22B -4.3%, gpt-oss-120b
+  // -2.7%, Mixtral-8x7B -5.5%, and Qwen2-57B-A14B -3.7%. But DeepSeek-V2-Lite (hidden 2048, the
+  // routing kernel before it) +0.9% (42.4 -> 42.8 us, twice): hence one-chunk rows only when
+  // self-routed.
+  return enabled != 0 && tokens == 1 && (self_route || hidden > 32 * experts_detail::kBlockK);
 }
 
 int experts_l2_keep_from_tokens() {

@@ -145,8 +145,9 @@ bool experts_down_one_token_ring(int tokens, int k, int enabled);
 // place of the split instance): enabled, one token, and rows of exactly 4 KB (k 2048).
 bool experts_down_wide_one_token_ring(int tokens, int k, int enabled);
 // Whether the bulk gate/up kernel takes its one-token ring (ExpertsParams::ring 3; chunk 8, not
-// with the L2 keep): enabled, and one token.
-bool experts_gate_up_one_token_ring(int tokens, int enabled);
+// with the L2 keep): enabled, one token, and the kernel routes the token itself (self_route) or
+// rows are of several 4 KB chunks (hidden > 2048).
+bool experts_gate_up_one_token_ring(int tokens, int hidden, bool self_route, int enabled);
 // The fewest tokens at which the bulk kernels keep re-read weight rows in L2, forced for every
 // hidden size: MOEKIT_EXPERTS_L2_KEEP_FROM=N when set (0: never), else -1 (the measured rule of
 // experts_l2_keep). Read at each call; layers call once, at creation.

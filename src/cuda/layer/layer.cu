@@ -508,7 +508,9 @@ struct GpuMoeLayer::Impl {
       g.work_counter = &ctr->self_route_work;
       g.self_route_ctas_done = &ctr->self_route_ctas_done;
     }
-    if (l2_keep == 0 && experts_gate_up_one_token_ring(tokens, one_token_ring)) g.ring = 3;
+    if (l2_keep == 0 && experts_gate_up_one_token_ring(tokens, H, self_route, one_token_ring)) {
+      g.ring = 3;
+    }
     if (s_run > 0 && sk == ExpertsStream::Bulk && tokens <= shared_first_tokens) {
       g.early_shared = s_run;
       g.first_shared_expert = E;
