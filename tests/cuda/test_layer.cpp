@@ -1113,14 +1113,16 @@ TEST(ExpertsVariant, HalfItemsParsesACountAndNamesABadOne) {
 }
 
 TEST(ExpertsVariant, HalfItemsUpTo8TokensForHidden7168UnlessForced) {
-  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 8, -1), 1);  // DeepSeek-V3, Kimi-K2
-  EXPECT_EQ(cuda::experts_gate_up_half_items(8, 7168, 8, -1), 1);
-  EXPECT_EQ(cuda::experts_gate_up_half_items(16, 7168, 8, -1), 0);  // equal at 16
-  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 2048, 8, -1), 0);   // Qwen3-30B-A3B: +1.5%
-  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 6144, 8, -1), 0);   // not measured
-  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 2048, 8, 2), 2);    // forced, any hidden
-  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 8, 0), 0);    // forced off
-  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 16, 1), 0);   // chunk 16: no instance
+  EXPECT_EQ(cuda::experts_gate_up_half_items(2, 7168, 8, -1, 1), 1);  // DeepSeek-V3, Kimi-K2
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 8, -1, 1), 0);  // the one-token ring's
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 8, -1, 0), 1);  // ... turned off
+  EXPECT_EQ(cuda::experts_gate_up_half_items(8, 7168, 8, -1, 1), 1);
+  EXPECT_EQ(cuda::experts_gate_up_half_items(16, 7168, 8, -1, 1), 0);  // equal at 16
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 2048, 8, -1, 1), 0);   // Qwen3-30B-A3B: +1.5%
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 6144, 8, -1, 1), 0);   // not measured
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 2048, 8, 2, 1), 2);    // forced, any hidden
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 8, 0, 1), 0);    // forced off
+  EXPECT_EQ(cuda::experts_gate_up_half_items(1, 7168, 16, 1, 1), 0);   // chunk 16: no instance
 }
 
 TEST(ExpertsVariant, SelfRouteParsesATokenCountAndNamesABadOne) {

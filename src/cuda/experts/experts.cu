@@ -313,9 +313,10 @@ int experts_gate_up_half_items_setting() {
   return env_int_in_range("MOEKIT_EXPERTS_HALF_ITEMS", -1, 0, 16, "items per CTA, 0 to 16");
 }
 
-int experts_gate_up_half_items(int tokens, int hidden, int chunk, int forced) {
+int experts_gate_up_half_items(int tokens, int hidden, int chunk, int forced, int one_token_ring) {
   if (chunk != 8) return 0;  // why: experts.h
   if (forced >= 0) return forced;
+  if (tokens == 1 && one_token_ring != 0) return 0;  // why: experts.h
   return hidden >= 7168 && tokens <= 8 ? 1 : 0;
 }
 

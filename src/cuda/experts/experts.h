@@ -183,14 +183,16 @@ int experts_down_tail(int tokens, int hidden, int chunk, int forced);
 int experts_gate_up_half_items_setting();
 // ExpertsParams::half_items_per_cta of the gate/up launches at `tokens` tokens, `chunk` tokens per
 // task, for experts of hidden size `hidden` (the caller leaves it 0 with the L2 keep, which has
-// no half-item instance): with forced >= 0, forced; else 1 at <= 8 tokens for hidden >= 7168;
-// chunk 8 only. Why: the gate/up CTAs end 7.7-12 us apart at one token (DeepSeek-V3, session 12),
-// their last claimed items being 16 rows x 14 KB, ~6.7 us of one CTA's stream, claimed three
-// items ahead. Measured on the H200, 1 against 0, same run (bench/results/h200/2026-11-30-s13-
-// experiments, two H200s): DeepSeek-V3 T=1 -0.1..-0.6%, T=2 -0.6..-1.6%, T=4 -1.8..-2.2%, T=8
-// -0.5..-2.0%, T=16 equal; Kimi-K2 T=1-8 -0.6..-1.8%; Qwen3-30B-A3B (2048) +0.4..+1.5% at 1-16
-// (2 per CTA: +2..+3%).
-int experts_gate_up_half_items(int tokens, int hidden, int chunk, int forced);
+// no half-item instance): with forced >= 0, forced; else 1 at <= 8 tokens for hidden >= 7168,
+// but not at one token with the one-token rings on (one_token_ring: their setting); chunk 8 only.
+// Why: the gate/up CTAs end 7.7-12 us apart at one token (DeepSeek-V3, session 12), their last
+// claimed items being 16 rows x 14 KB, ~6.7 us of one CTA's stream, claimed three items ahead.
+// Measured on the H200, 1 against 0, same run (bench/results/h200/2026-11-30-s13- experiments, two
+// H200s): DeepSeek-V3 T=1 -0.1..-0.6%, T=2 -0.6..-1.6%, T=4 -1.8..-2.2%, T=8 -0.5..-2.0%, T=16
+// equal; Kimi-K2 T=1-8 -0.6..-1.8%; Qwen3-30B-A3B (2048) +0.4..+1.5% at 1-16 (2 per CTA: +2..+3%).
+// With the gate/up one-token ring (bench/results/h200/2026-12-01-s16- experiments, run 8, 1 against
+// 0 twice): DeepSeek-V3 T=1 +0.5%, Kimi-K2 +0.4%.
+int experts_gate_up_half_items(int tokens, int hidden, int chunk, int forced, int one_token_ring);
 // The most tokens at which the bulk gate/up kernel issues the fused shared experts' items before
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.

@@ -400,9 +400,10 @@ struct GpuMoeLayer::Impl {
     const ExpertsStream sk = kind_for(tokens);
     const int down_tail =
         sk == ExpertsStream::Bulk ? experts_down_tail(tokens, H, chunk, down_tail_setting) : 0;
-    const int half_items = sk == ExpertsStream::Bulk && !l2_keep
-                               ? experts_gate_up_half_items(tokens, H, chunk, half_items_setting)
-                               : 0;
+    const int half_items =
+        sk == ExpertsStream::Bulk && !l2_keep
+            ? experts_gate_up_half_items(tokens, H, chunk, half_items_setting, one_token_ring)
+            : 0;
     // no routing kernel: the gate/up kernel routes its one token (experts_self_route_tokens)
     const bool self_route = sk == ExpertsStream::Bulk && chunk == 8 &&
                             tokens <= self_route_tokens && !has_shared && E <= 128 && !l2_keep &&
