@@ -1,6 +1,6 @@
 // Launch code of the grouped expert kernels (experts_bulk_kernel.cuh, experts_kernel.cuh): the
-// variant table, the persistent grid size, the launch. Twenty-six kernel instances in all (CI
-// compiles them on two cores): 15 bulk, 2 persistent, 9 register kernels.
+// variant table, the persistent grid size, the launch. Twenty-nine kernel instances in all (CI
+// compiles them on two cores): 18 bulk, 2 persistent, 9 register kernels.
 //
 // Variants, chosen per forward by experts_stream_default (measured) unless
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent forces one at layer creation:
@@ -77,10 +77,10 @@ constexpr int kDown4MaxBlocks = 4 * 4;
 
 // k: the reduction length of the launch (H for gate/up, the expert width for down).
 // split_rows: the bulk down kernel's instance that copies weight rows in two halves; ring: its
-// deep-ring (1) or one-token-ring (2: rows <= 1.5 KB, 3: 4 KB rows) instance, or the self-routing
-// gate/up kernel's one-token-ring (3) instance (chunk 8); keep: the bulk kernels' L2-keeping
-// instance (chunk 8, kKeep); tail: the bulk down kernel's dynamic-tail instances (chunk 8, kTail;
-// with keep or without).
+// deep-ring (1) or one-token-ring (2: rows <= 1.5 KB, 3: 4 KB rows) instance, or the gate/up
+// kernel's one-token-ring (3) instances (self-routing, whole items or half items; chunk 8); keep:
+// the bulk kernels' L2-keeping instance (chunk 8, kKeep); tail: the bulk down kernel's dynamic-tail
+// instances (chunk 8, kTail; with keep or without).
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
                    bool split_rows = false, int ring = 0, bool keep = false, bool tail = false,
                    bool halves = false, bool self_route = false) {
@@ -257,8 +257,9 @@ bool experts_down_wide_one_token_ring(int tokens, int k, int enabled) {
   // Measured on the H200 (bench/results/h200/2026-12-01-s16-experiments, run 1, the 4.43 TB/s
   // kind, twice each): DeepSeek-V3 T=1 199.0-199.5 -> 196.2-196.4 us (-1.4%), Kimi-K2 200.0-201.1
   // -> 197.2-197.5 (-1.4%), against the split instance's 2 KB copies in 2 stages. 1, 2, 4, 8 or
-  // 16 rows per copy were alike (within 0.3%): one copy per tile, the fewest instructions. Only
-  // rows of exactly 4 KB: narrower rows are unmeasured with it.
+  // 16 rows per copy were alike (within 0.3%): one copy per tile, the fewest instructions. Run 4
+  // (4.53 kind): GLM-5 -1.0%, DeepSeek-V4-Flash -1.5%. Only rows of exactly 4 KB: with 3 KB rows
+  // (run 4) MiniMax-M2 +1.3%, GLM-4.5 -0.3%, Qwen3-235B-A22B equal.
   return enabled != 0 && tokens == 1 && k == 32 * experts_detail::kBlockK;
 }
 
