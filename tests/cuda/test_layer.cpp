@@ -1046,7 +1046,7 @@ TEST(ExpertsVariant, OneTokenRingParsesZeroOrOneAndNamesABadOne) {
                       {"2", "-1", "on"}, "0 or 1");
 }
 
-TEST(ExpertsVariant, OneTokenRingsOnlyAtOneTokenAndForRowsOfOneChunk) {
+TEST(ExpertsVariant, OneTokenRingsOnlyAtOneTokenAndForTheRowsMeasured) {
   EXPECT_TRUE(cuda::experts_down_one_token_ring(1, 768, 1));    // Qwen3-30B-A3B
   EXPECT_FALSE(cuda::experts_down_one_token_ring(2, 768, 1));   // two tokens: the deep ring
   EXPECT_FALSE(cuda::experts_down_one_token_ring(1, 1024, 1));  // 2 KB rows: the deep ring
