@@ -545,16 +545,15 @@ struct GpuMoeLayer::Impl {
     d.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
     d.y = static_cast<__nv_bfloat16*>(y);
     d.trace = trace;
-    d.weight_copy_pieces = experts_down_copy_pieces(tokens, I, down_split_tokens);
-    // (the rings' instances have no tail: a tail, only ever forced where a ring would be, wins)
-    d.ring = down_tail > 0 || !experts_down_deep_ring(tokens, I, down_deep_tokens) ? 0
-             : experts_down_one_token_ring(tokens, I, one_token_ring)              ? 2
-                                                                                   : 1;
+    // (the rings' instances have no tail: a tail, only ever forced where a ring would be, wins;
+    // ring 3 takes the place of the split copies at 4 KB rows)
+    d.ring = down_tail > 0                                                 ? 0
+             : experts_down_wide_one_token_ring(tokens, I, one_token_ring) ? 3
+             : !experts_down_deep_ring(tokens, I, down_deep_tokens)        ? 0
+             : experts_down_one_token_ring(tokens, I, one_token_ring)      ? 2
+                                                                           : 1;
+    d.weight_copy_pieces = d.ring == 3 ? 1 : experts_down_copy_pieces(tokens, I, down_split_tokens);
     d.down_tail_percent = down_tail;
-    if (down_tail == 0 && experts_down_wide_one_token_ring(tokens, I, one_token_ring)) {
-      d.ring = 3;  // (in place of the split copies, weight_copy_pieces 2 at 4 KB rows)
-      d.weight_copy_pieces = 1;
-    }
     if (one_expert_launch) {
       launch_experts_fused(chunk, g, d, task_done.as<int>(), fused_grid[ci], st);
     } else {
