@@ -546,6 +546,15 @@ TEST(GpuLayer, RejectsTooManyTokensAndNonFiniteInput) {
                      {"max_tokens (4), got 5"});
   x[3 * spec.hidden + 7] = float_to_bf16(std::nanf(""));
   test::expect_error([&] { gpu->forward(x.data(), 4, FuseShared::Auto); }, {"token 3, column 7"});
+  // device pointers the expert kernels cannot copy or store in 16-byte units
+  void* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, 1 << 20), cudaSuccess);  // (never read: the check comes first)
+  char* base = static_cast<char*>(buf);
+  test::expect_error([&] { gpu->forward_device(base + 8, base + 4096, 1, nullptr); },
+                     {"x and y must be 16-byte aligned"});
+  test::expect_error([&] { gpu->forward_device(base, base + 4096 + 2, 1, nullptr); },
+                     {"x and y must be 16-byte aligned"});
+  ASSERT_EQ(cudaFree(buf), cudaSuccess);
   // fusing a spec without a shared expert is fine (nothing to fuse); forcing On on a spec that
   // cannot fuse throws naming the widths
   MoeSpec odd = small_spec("qwen2-57b-a14b");

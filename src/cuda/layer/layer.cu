@@ -392,6 +392,9 @@ struct GpuMoeLayer::Impl {
              "expected 0 <= tokens <= max_tokens (" << opt.max_tokens << "), got " << tokens);
     if (tokens == 0) return;
     MK_CHECK(x != nullptr && y != nullptr, "forward_device: x or y is null");
+    // (the expert kernels copy x rows in 16-byte units and store y rows 4 at a time)
+    MK_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0,
+             "forward_device: x and y must be 16-byte aligned (x " << x << ", y " << y << ")");
     const int s_run = fused ? S : 0;
     const int slots = K + s_run;
     const int chunk = experts_chunk(tokens);
