@@ -32,10 +32,12 @@
 //   warp 10 (epilogue): sums the eight warps' accumulators in warp order (deterministic), writes
 //     h = act(g, u) or the fp32 down partials and frees the buffer ("red_empty"). In down mode,
 //     at the CTA's last item of a tile: a tile all of whose items were this CTA's (most of
-//     them: ranges are contiguous and tile-major) is combined at once (combine_tile); a tile
-//     shared with a neighbouring CTA (at most two per CTA) is counted in its tile counter after
-//     a fence, and the CTA that completes the count combines it. The epilogue lags the
-//     consumers by up to kRedBuffers items, so its stores and combines do not stall the stream.
+//     them: ranges are contiguous and tile-major) is combined by this warp; a tile shared with
+//     a neighbouring CTA (at most two per CTA) is counted in its tile counter after a fence, and
+//     the CTA that completes the count combines it. The epilogue lags the consumers by up to
+//     kRedBuffers items, so its stores do not stall the stream, and it combines a tile one pass
+//     at a time while the consumers have not filled its next buffer (bulk_combine_pass; at once
+//     in the instances that run at <= 8 tokens only, bulk_combine_tile).
 // Barrier arrivals: every lane that wrote what a barrier publishes, or read what it releases,
 // arrives on it (compute-sanitizer's racecheck does not take a __syncwarp before one lane's
 // arrival as ordering; with a 2-stage ring it reports the consumers' reads against the next fill).
@@ -92,10 +94,11 @@ constexpr int kBulkWeightRows = 16;  // weight rows per item (the mma's M)
 constexpr int kRedBuffers = 4;       // items the epilogue warp may lag behind
 constexpr int kClaimSlots = 4;       // gate/up tail claims producer 0 may be ahead of producer 1
 
-// The epilogue warp's combine of a down tile (combine_tile): at 1-4 tokens (16-64 outputs) all
-// slots (up to 16) of 1-2 outputs per lane in one batch of loads, one L2 round trip per tile
-// instead of 3 (9 slots, 4 at a time); at 5-8 tokens 4 outputs x 8 slots; above, 8 x 4. (More
-// loads in flight spill: the kernel's 168 registers.)
+// The epilogue warp's one-shot combine of a down tile (combine_tile), in the down instances that
+// run at <= 8 tokens only (the rings, the split rows: kCombineInPasses false): at 1-4 tokens
+// (16-64 outputs) all slots (up to 16) of 1-2 outputs per lane in one batch of loads, one L2
+// round trip per tile instead of 3 (9 slots, 4 at a time); at 5-8 tokens 4 outputs x 8 slots;
+// above, 8 x 4. (More loads in flight spill: the kernel's 168 registers.)
 __device__ __forceinline__ void bulk_combine_tile(const ExpertsParams& dn, int tile, int lane) {
   const int outputs = dn.tokens * 16;
   if (outputs <= 32) {
@@ -107,6 +110,29 @@ __device__ __forceinline__ void bulk_combine_tile(const ExpertsParams& dn, int t
   } else {
     combine_tile<8, 4>(dn, tile, lane, 32);
   }
+}
+
+// Pass `pass` (0, 1, ...) of the epilogue warp's combine of a down tile; true while passes
+// remain. At 1-4 tokens (16-64 outputs) one pass, bulk_combine_tile's (quads there were 1.7%
+// slower on Qwen3-30B-A3B at one token, bench/results/h200/2026-12-01-s17-experiments, run 2).
+// Above, quads (combine_tile_quads_pass, 4 rows per load): up to 8 tokens one unit per lane with
+// all its slots (one round trip), up to 16 tokens 2 units x 8 slots, then passes of 4 units x 4
+// slots (128 tokens, 9 slots: 4 passes of 3 round trips; 4 x 5 spilled in the L2-keeping
+// dynamic-tail instance, the kernel's registers being capped at 168).
+__device__ __forceinline__ bool bulk_combine_pass(const ExpertsParams& dn, int tile, int pass,
+                                                  int lane) {
+  const int outputs = dn.tokens * 16, units = dn.tokens * 4;
+  if (outputs <= 32) {
+    combine_tile<1, 16>(dn, tile, lane, 32);
+    return false;
+  }
+  if (outputs <= 64) {
+    combine_tile<2, 16>(dn, tile, lane, 32);
+    return false;
+  }
+  if (units <= 32) return combine_tile_quads_pass<1, 16>(dn, tile, pass, lane, 32);
+  if (units <= 64) return combine_tile_quads_pass<2, 8>(dn, tile, pass, lane, 32);
+  return combine_tile_quads_pass<4, 4>(dn, tile, pass, lane, 32);
 }
 
 // What a stage (and, for the epilogue, a reduction buffer) holds besides its bytes.
@@ -287,46 +313,21 @@ __device__ __forceinline__ void wait_for_every_cta(int* ctas_done, int lane) {
 }
 
 // The tail tiles' [first, tiles) outputs combined by `nthreads` threads of the grid, thread
-// `thread` taking outputs thread, thread + nthreads, ... of them all (token-major within a
-// tile, as combine_tile), four at a time. why spread so: one warp per tail tile (the first
-// version) took 7 us at 32 tokens and 26 us at 128 after the grid's wait, the rest idle (its
-// CTA trace, session 12). Each output is the same slot-ordered sum as combine_tile's.
+// `thread` taking units thread, thread + nthreads, ... of them all (combine_quads: 4 rows of one
+// token per unit, token-major within a tile), two units and five slots per batch of loads. why
+// spread so: one warp per tail tile (the first version) took 7 us at 32 tokens and 26 us at 128
+// after the grid's wait, the rest idle (its CTA trace, session 12). Each row's sum is
+// combine_tile's.
 __device__ __forceinline__ void combine_tail_outputs(const ExpertsParams& p, int first,
                                                      int tiles, int thread, int nthreads) {
-  constexpr int kTileRows = 16, kPerThread = 4;
-  const int per_tile = p.tokens * kTileRows;
-  const int n = (tiles - first) * per_tile;
-#pragma unroll 1
-  for (int i0 = thread; i0 < n; i0 += kPerThread * nthreads) {
-    float y[kPerThread];
-    int tok[kPerThread], r[kPerThread];
-#pragma unroll
-    for (int u = 0; u < kPerThread; ++u) {
-      const int i = min(i0 + u * nthreads, n - 1);  // past the end: recomputes the last output
-      const int tile = first + i / per_tile;
-      const int within = i - (tile - first) * per_tile;
-      tok[u] = within / kTileRows;
-      r[u] = tile * kTileRows + (within - tok[u] * kTileRows);
-      y[u] = 0.0f;
-    }
-#pragma unroll 1
-    for (int s = 0; s < p.slots; ++s) {
-      float w[kPerThread], v[kPerThread];
-#pragma unroll
-      for (int u = 0; u < kPerThread; ++u) {
-        const size_t q = static_cast<size_t>(tok[u]) * p.slots + s;
-        w[u] = p.slot_weights[q];
-        v[u] = __ldcg(p.partial + q * p.rows + r[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < kPerThread; ++u) y[u] += w[u] * v[u];
-    }
-#pragma unroll
-    for (int u = 0; u < kPerThread; ++u) {
-      if (i0 + u * nthreads >= n) continue;
-      store_combined_output(p, tok[u], r[u], y[u]);
-    }
-  }
+  const int per_tile = p.tokens * 4;
+  combine_quads<2, 5>(p, (tiles - first) * per_tile, thread, nthreads,
+                      [&](int i, int& tok, int& r) {
+                        const int t = i / per_tile;
+                        const int within = i - t * per_tile;
+                        tok = within >> 2;
+                        r = (first + t) * 16 + 4 * (within & 3);
+                      });
 }
 
 // The warps that combine the down tail: the consumers and the epilogue warp. The consumers start
@@ -394,6 +395,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   static_assert(kRing != 3 || (kMode != kBulkFused && kNT == 1 && !kKeep && !kSplitRows && !kTail),
                 "ring 3: the chunk-8 gate/up and down kernels' at one token");
   using L = typename BulkShapeLayout<kNT, kRing>::type;
+  // The down epilogue's combine: one pass at a time between its items (bulk_combine_pass), or
+  // at once (bulk_combine_tile) in the instances that run at <= 8 tokens only, whose code stays
+  // as it was measured: with the passes they were 0.4-1.4% slower at one token (Qwen3-30B-A3B,
+  // DeepSeek-V3, bench/results/h200/2026-12-01-s17-experiments, runs 2-3), though the code they
+  // run there is the same (their layout, not their work, changed)
+  constexpr bool kCombineInPasses = kHasDown && kRing == 0 && !kSplitRows;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
   constexpr int kDownTileRows = 16;   // output rows per down item
   // (rounded up: a warp's blocks past the chunk are skipped, kRing 2)
@@ -917,11 +924,36 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       pdl_launch_dependents();
     }
     bool gate_up_ended = !kHasGateUp;
+    // The tile this warp combines (-1: none) and its next pass: a combine goes one pass at a
+    // time while the consumers have not yet filled the next reduction buffer, so that they do
+    // not wait behind it (a pass is 1-3 L2 round trips; a whole tile at 128 tokens took longer
+    // than the kRedBuffers items the consumers may run ahead).
+    // (one call site: the combine's code is large, and these kernels' time is sensitive to
+    // their code size; the first version, with three, made the binary's SASS 43% larger)
+    int combining = -1, combine_pass = 0, queued = -1;  // queued: a tile closed while combining
+    bool ended = false;                                 // (then every pass runs at once)
     for (int seq = 0;; ++seq) {
       const int buf = seq % kRedBuffers;
+      if constexpr (kCombineInPasses) {
+        // (lane 0's test for the warp: every lane must take the same passes)
+        while (combining >= 0 &&
+               (ended || queued >= 0 ||
+                !__shfl_sync(0xffffffffu, mbar_test(&red_full[buf], (seq / kRedBuffers) & 1), 0))) {
+          if (!bulk_combine_pass(dn, combining, combine_pass++, lane)) {
+            combining = queued;
+            combine_pass = 0;
+            queued = -1;
+          }
+        }
+      }
+      if (kCombineInPasses && ended) break;
       mbar_wait(&red_full[buf], (seq / kRedBuffers) & 1);
       const BulkItem& m = item_meta[buf];
-      if (m.item < 0) break;
+      if (m.item < 0) {
+        if (!kCombineInPasses) break;
+        ended = true;  // (the loop's top runs the combine's last passes, then leaves)
+        continue;
+      }
       float acc[kNT][4];
       sum_warp_partials<kBulkConsumerWarps, kNT>(red + buf * L::kRedFloats, lane, acc);
       const int item = m.item, tile = m.tile, task = m.task;
@@ -977,7 +1009,15 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
             if (lane == 0) dn.tile_counters[tile] = 0;
           }
         }
-        if (combine) bulk_combine_tile(dn, tile, lane);
+        if (combine && !kCombineInPasses) bulk_combine_tile(dn, tile, lane);
+        if (combine && kCombineInPasses) {
+          if (combining < 0) {
+            combining = tile;
+            combine_pass = 0;
+          } else {
+            queued = tile;
+          }
+        }
       }
     }
     if (kTail && dn_tail_tiles > 0 && dn.tile_counters != nullptr) {

@@ -118,6 +118,103 @@ __device__ __forceinline__ void store_combined_output(const ExpertsParams& p, in
   p.y[static_cast<size_t>(tok) * p.rows + r] = __float2bfloat16_rn(y);
 }
 
+// The same for 4 consecutive rows r..r+3 of token tok (one 16-byte load of the shared partial,
+// one 8-byte store), each row's arithmetic that of store_combined_output.
+__device__ __forceinline__ void store_combined_quad(const ExpertsParams& p, int tok, int r,
+                                                    float4 y) {
+  const size_t at = static_cast<size_t>(tok) * p.rows + r;
+  if (p.shared_partial != nullptr) {
+    const float scale = p.shared_scale[tok];
+    const float4 s = __ldcg(reinterpret_cast<const float4*>(p.shared_partial + at));
+    y.x += scale * s.x;
+    y.y += scale * s.y;
+    y.z += scale * s.z;
+    y.w += scale * s.w;
+  }
+  __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(p.y + at);
+  out[0] = __floats2bfloat162_rn(y.x, y.y);
+  out[1] = __floats2bfloat162_rn(y.z, y.w);
+}
+
+// The down combine by quads: n units of 4 consecutive output rows of one token (unit i at
+// token and row unit_at(i)); one pass: thread tid of nthreads takes units i0, i0 + nthreads, ...
+// (kUnits of them), the slots' weights and partials loaded kSlotBatch slots at a time (16-byte
+// partial loads; one weight per unit and slot); passes i0 = tid, tid + kUnits * nthreads, ...
+// cover the n units. Each row's sum is combine_tile's: the same slot order, the same
+// operations, so the same bits. why quads: a warp's dependent L2 round trips are what a combine
+// costs, and 16-byte loads bring 4 rows per load: the bulk kernel's epilogue warp took 24 of
+// them per 16-row tile at 128 tokens (9 slots), its consumers stalling behind it (without the
+// combine the layer ran 1.0% faster, bench/results/h200/2026-12-01-s17-experiments, run 1); by
+// quads, 4 units x 4 slots a pass, 12. Needs rows, partial and shared_partial 16-byte and y
+// 8-byte aligned (the layer checks y; its workspace is cudaMalloc'd).
+template <int kUnits, int kSlotBatch, typename UnitAt>
+__device__ __forceinline__ void combine_quads_pass(const ExpertsParams& p, int n, int i0,
+                                                   int nthreads, UnitAt unit_at) {
+  float4 y[kUnits];
+  int tok[kUnits], r[kUnits];
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    unit_at(min(i0 + u * nthreads, n - 1), tok[u], r[u]);  // past the end: the last unit again
+    y[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+#pragma unroll 1
+  for (int s0 = 0; s0 < p.slots; s0 += kSlotBatch) {
+    float w[kSlotBatch][kUnits];
+    float4 v[kSlotBatch][kUnits];
+#pragma unroll
+    for (int j = 0; j < kSlotBatch; ++j) {
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        const size_t q = static_cast<size_t>(tok[u]) * p.slots + s0 + j;
+        const bool in = s0 + j < p.slots;
+        w[j][u] = in ? p.slot_weights[q] : 0.0f;
+        v[j][u] = in ? __ldcg(reinterpret_cast<const float4*>(p.partial + q * p.rows + r[u]))
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kSlotBatch; ++j) {
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        if (s0 + j < p.slots) {
+          y[u].x += w[j][u] * v[j][u].x;
+          y[u].y += w[j][u] * v[j][u].y;
+          y[u].z += w[j][u] * v[j][u].z;
+          y[u].w += w[j][u] * v[j][u].w;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    if (i0 + u * nthreads < n) store_combined_quad(p, tok[u], r[u], y[u]);
+  }
+}
+
+// Every pass of combine_quads_pass, one after another.
+template <int kUnits, int kSlotBatch, typename UnitAt>
+__device__ __forceinline__ void combine_quads(const ExpertsParams& p, int n, int tid, int nthreads,
+                                              UnitAt unit_at) {
+#pragma unroll 1
+  for (int i0 = tid; i0 < n; i0 += kUnits * nthreads) {
+    combine_quads_pass<kUnits, kSlotBatch>(p, n, i0, nthreads, unit_at);
+  }
+}
+
+// Pass `pass` of one 16-row down tile's combine by quads (unit i = token i / 4, rows 4 (i % 4)..
+// of the tile) by threads [0, nthreads); true while passes remain.
+template <int kUnits, int kSlotBatch>
+__device__ __forceinline__ bool combine_tile_quads_pass(const ExpertsParams& p, int tile, int pass,
+                                                        int tid, int nthreads) {
+  const int r0 = tile * 16, n = p.tokens * 4;
+  const int i0 = pass * kUnits * nthreads;
+  combine_quads_pass<kUnits, kSlotBatch>(p, n, i0 + tid, nthreads, [&](int i, int& tok, int& r) {
+    tok = i >> 2;
+    r = r0 + 4 * (i & 3);
+  });
+  return i0 + kUnits * nthreads < n;
+}
+
 // The combine of one 16-row down tile, by the CTA that completed the tile's last item (after a
 // threadfence): y[t] = sum_s w[t,s] * partial[t,s] in slot order (+ the unfused shared MLP's
 // partial), bf16 out; threads [0, nthreads) of the caller split the (token, row) outputs. The
@@ -126,7 +223,7 @@ __device__ __forceinline__ void store_combined_output(const ExpertsParams& p, in
 // slots at a time, all of a batch before its sums, so a pass costs ceil(slots / kSlotBatch)
 // dependent L2 round trips (~1-3 us each while HBM streams: the trace). A whole CTA combining
 // (the register kernel: 256 threads, 128 registers) takes 1 x 1; one warp combining alone (the
-// bulk kernel's epilogue) takes what bulk_combine_tile picks for the batch.
+// bulk kernel's epilogue) takes what bulk_combine_tile or bulk_combine_pass picks for the batch.
 template <int kPerThread, int kSlotBatch>
 __device__ __forceinline__ void combine_tile(const ExpertsParams& p, int tile, int tid,
                                              int nthreads) {
