@@ -747,6 +747,41 @@ TEST(GpuLayerSmall, OneTokenRings) {
   unsetenv("MOEKIT_EXPERTS_HALF_ITEMS");
 }
 
+// Both bulk kernels' ring of weights only (experts_l2_acts_ring: from 2 to 32 tokens by default,
+// down rows of 3-4 KB, and from 8 tokens for rows of <= 2 KB): the consumers load their
+// activation fragments themselves, the k blocks and their order per warp are the standard
+// ring's (and the deep ring's, the split copies', the half items'), so bit for bit the same
+// output. Gate/up rows of one chunk (hidden 256) and of several with a narrower last one
+// (2240); down rows of 3 and 4 KB, and Qwen3-30B-A3B's 1.5 KB (the deep ring when off); fused and
+// unfused; then with its dynamic-tail and L2-keeping twins forced.
+TEST(GpuLayerSmall, BulkWeightsOnlyRing) {
+  SKIP_WITHOUT_GPU();
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 32;
+  for (int hidden : {256, 2240}) {
+    for (int inter : {1536, 2048}) {
+      const MoeSpec spec = small_spec("deepseek-v3", hidden, 16, inter);
+      const auto w = make_random_weights(spec, spec.moe_layers.front(), 47);
+      expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", {"32"},
+                                         {2, 7, 32}, 120);
+    }
+  }
+  const MoeSpec qwen = small_spec("qwen3-30b-a3b", 2048, 16, 768);
+  const auto wq = make_random_weights(qwen, qwen.moe_layers.front(), 53);
+  expect_knob_keeps_the_output(qwen, *wq, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", "32", {8, 32},
+                               FuseShared::Auto, 125);
+  const MoeSpec spec = small_spec("deepseek-v3", 2240, 16, 2048);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 59);
+  setenv("MOEKIT_EXPERTS_DOWN_TAIL", "50", 1);
+  expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", {"32"},
+                                     {2, 9, 32}, 130);
+  setenv("MOEKIT_EXPERTS_L2_KEEP_FROM", "1", 1);
+  expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", "32", {9, 32},
+                               FuseShared::On, 135);
+  unsetenv("MOEKIT_EXPERTS_L2_KEEP_FROM");
+  unsetenv("MOEKIT_EXPERTS_DOWN_TAIL");
+}
+
 // The bulk kernels' instances that keep weight rows read again by the expert's next task in L2
 // (experts_l2_keep, forced here from 1 token at this small hidden size): a cache hint only, so
 // bit for bit the same output; at 40 tokens over 16 experts most experts have two tasks, and the
@@ -1071,6 +1106,27 @@ TEST(ExpertsVariant, OneTokenRingsOnlyAtOneTokenAndForTheRowsMeasured) {
   EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(1, 1536, 1));  // 3 KB rows: unmeasured
   EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(1, 2880, 1));  // gpt-oss: two chunks a row
   EXPECT_FALSE(cuda::experts_down_wide_one_token_ring(1, 2048, 0));  // turned off
+}
+
+TEST(ExpertsVariant, L2ActsParsesATokenCountAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_L2_ACTS");
+  EXPECT_EQ(cuda::experts_l2_acts_tokens(), 32);
+  expect_env_int_knob("MOEKIT_EXPERTS_L2_ACTS", cuda::experts_l2_acts_tokens, {0, 2, 128},
+                      {"-1", "on", "32 tokens"}, "a token count, 0 (never) to 1048576");
+}
+
+TEST(ExpertsVariant, WeightsOnlyRingFromTwoTokensUpToTheLimitForTheRowsMeasured) {
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 2048, 32));  // DeepSeek-V3: 4 KB down rows
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(32, 8, 2048, 32));
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 1536, 32));    // GLM-4.5: 3 KB
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(8, 8, 768, 32));     // Qwen3-30B-A3B from 8 tokens
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(4, 8, 768, 32));    // ... below: its deep down ring
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(2, 8, 1024, 32));   // (2 KB rows likewise)
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 8, 2880, 32));   // gpt-oss: wider rows, unmeasured
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(1, 8, 2048, 32));   // one token: the one-token rings
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(33, 8, 2048, 32));  // 128 tokens lost 1.3-2.8%
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 8, 2048, 0));    // turned off
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 16, 2048, 32));  // chunk 16: no such instance
 }
 
 TEST(ExpertsVariant, L2KeepFromParsesATokenCountAndNamesABadOne) {

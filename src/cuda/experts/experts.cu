@@ -56,7 +56,7 @@ struct Variant {
 };
 
 // ring: ExpertsParams::ring (0 the standard ring; down: 1 the deep one, 2 and 3 the one-token
-// ones; gate/up: 3 the one-token one)
+// ones; gate/up: 3 the one-token one; both: 4 the ring of weights only)
 int smem_bytes(ExpertsStream stream_kind, int chunk, int ring = 0) {
   if (stream_kind != ExpertsStream::Bulk && stream_kind != ExpertsStream::Persistent) return 0;
   if (chunk != 8) return bulk_smem_bytes<2>();
@@ -67,6 +67,8 @@ int smem_bytes(ExpertsStream stream_kind, int chunk, int ring = 0) {
       return bulk_smem_bytes<1, 2>();
     case 3:
       return bulk_smem_bytes<1, 3>();
+    case 4:
+      return bulk_smem_bytes<1, 4>();
     default:
       return bulk_smem_bytes<1>();
   }
@@ -80,7 +82,8 @@ constexpr int kDown4MaxBlocks = 4 * 4;
 // deep-ring (1) or one-token-ring (2: rows <= 1.5 KB, 3: 4 KB rows) instance, or the gate/up
 // kernel's one-token-ring (3) instances (self-routing, whole items or half items; chunk 8); keep:
 // the bulk kernels' L2-keeping instance (chunk 8, kKeep); tail: the bulk down kernel's dynamic-tail
-// instances (chunk 8, kTail; with keep or without).
+// instances (chunk 8, kTail; with keep or without). Ring 4 (both kernels, weights-only stages)
+// has its keep and tail twins.
 Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k,
                    bool split_rows = false, int ring = 0, bool keep = false, bool tail = false,
                    bool halves = false, bool self_route = false) {
@@ -91,6 +94,21 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
     case ExpertsStream::Persistent:  // its separate GEMMs (the unfused shared MLP) run as Bulk
     case ExpertsStream::Bulk:
       if (chunk == 8) {
+        if (ring == 4) {  // weights-only stages, with the L2-keeping and dynamic-tail twins
+          if (gate_up) {
+            return {keep ? experts_bulk_kernel<true, 1, false, 4, true>
+                         : experts_bulk_kernel<true, 1, false, 4>,
+                    kBulkThreads};
+          }
+          if (tail) {
+            return {keep ? experts_bulk_kernel<false, 1, false, 4, true, true>
+                         : experts_bulk_kernel<false, 1, false, 4, false, true>,
+                    kBulkThreads};
+          }
+          return {keep ? experts_bulk_kernel<false, 1, false, 4, true>
+                       : experts_bulk_kernel<false, 1, false, 4>,
+                  kBulkThreads};
+        }
         if (!gate_up && ring == 2) return {experts_bulk_kernel<false, 1, false, 2>, kBulkThreads};
         if (!gate_up && ring == 3) return {experts_bulk_kernel<false, 1, false, 3>, kBulkThreads};
         if (!gate_up && ring == 1) return {experts_bulk_kernel<false, 1, false, 1>, kBulkThreads};
@@ -279,6 +297,16 @@ bool experts_gate_up_one_token_ring(int tokens, int hidden, bool self_route, int
   return enabled != 0 && tokens == 1 && (self_route || hidden > 32 * experts_detail::kBlockK);
 }
 
+int experts_l2_acts_tokens() {
+  return env_int_in_range("MOEKIT_EXPERTS_L2_ACTS", 32, 0, 1 << 20,
+                          "a token count, 0 (never) to 1048576");
+}
+
+bool experts_l2_acts_ring(int tokens, int chunk, int inter, int l2_acts_tokens) {
+  return chunk == 8 && tokens >= 2 && tokens <= l2_acts_tokens && inter <= 2048 &&
+         (tokens >= 8 || inter > 1024);
+}
+
 int experts_l2_keep_from_tokens() {
   return env_int_in_range("MOEKIT_EXPERTS_L2_KEEP_FROM", -1, 0, 1 << 20,
                           "a token count, 0 (never) to 1048576");
@@ -394,19 +422,24 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
     bool keep, tail, halves, self_route;
     const char* name;
   };
-  for (const Twin& t : {Twin{true, 0, false, false, false, false, "split-row"},
-                        Twin{false, 1, false, false, false, false, "deep-ring"},
-                        Twin{false, 2, false, false, false, false, "one-token-ring"},
-                        Twin{false, 3, false, false, false, false, "4 KB one-token-ring"},
-                        Twin{false, 0, true, false, false, false, "L2-keeping"},
-                        Twin{false, 0, false, true, false, false, "dynamic-tail"},
-                        Twin{false, 0, true, true, false, false, "L2-keeping dynamic-tail"},
-                        Twin{true, 0, false, true, false, false, "split-row dynamic-tail"},
-                        Twin{false, 0, false, false, true, false, "half-item"},
-                        Twin{false, 0, false, false, false, true, "self-routing"},
-                        Twin{false, 3, false, false, false, true, "one-token self-routing"},
-                        Twin{false, 3, false, false, false, false, "one-token gate/up"},
-                        Twin{false, 3, false, false, true, false, "one-token half-item"}}) {
+  for (const Twin& t :
+       {Twin{true, 0, false, false, false, false, "split-row"},
+        Twin{false, 1, false, false, false, false, "deep-ring"},
+        Twin{false, 2, false, false, false, false, "one-token-ring"},
+        Twin{false, 3, false, false, false, false, "4 KB one-token-ring"},
+        Twin{false, 0, true, false, false, false, "L2-keeping"},
+        Twin{false, 0, false, true, false, false, "dynamic-tail"},
+        Twin{false, 0, true, true, false, false, "L2-keeping dynamic-tail"},
+        Twin{true, 0, false, true, false, false, "split-row dynamic-tail"},
+        Twin{false, 0, false, false, true, false, "half-item"},
+        Twin{false, 0, false, false, false, true, "self-routing"},
+        Twin{false, 3, false, false, false, true, "one-token self-routing"},
+        Twin{false, 3, false, false, false, false, "one-token gate/up"},
+        Twin{false, 3, false, false, true, false, "one-token half-item"},
+        Twin{false, 4, false, false, false, false, "weights-only-ring"},
+        Twin{false, 4, true, false, false, false, "L2-keeping weights-only-ring"},
+        Twin{false, 4, false, true, false, false, "dynamic-tail weights-only-ring"},
+        Twin{false, 4, true, true, false, false, "L2-keeping dynamic-tail weights-only-ring"}}) {
     const Variant twin = kernel_for(kind, chunk, stream_kind, k, t.split_rows, t.ring, t.keep,
                                     t.tail, t.halves, t.self_route);
     if (twin.fn == v.fn) continue;
@@ -420,17 +453,23 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
   const int ring = chunk == 8 ? p.ring : 0;
-  MK_CHECK(ring == 0 || (kind == ExpertsKind::Down ? ring <= 3 : ring == 3 && p.l2_keep == 0),
+  MK_CHECK(ring == 0 || ring == 4 ||
+               (kind == ExpertsKind::Down ? ring <= 3 : ring == 3 && p.l2_keep == 0),
            "launch_experts: ring " << ring
-                                   << " (expected 0 to 3 for down, 0 or 3 for gate/up; 3 without "
-                                      "the L2 keep)");
+                                   << " (expected 0 to 4 for down, 0, 3 or 4 for gate/up; 3 "
+                                      "without the L2 keep)");
+  MK_CHECK(
+      ring != 4 || (p.half_items_per_cta == 0 && p.weight_copy_pieces == 1 && p.self_route == 0),
+      "launch_experts: ring 4 has no half items, split copies or self-routing (half items "
+          << p.half_items_per_cta << ", copy pieces " << p.weight_copy_pieces << ", self_route "
+          << p.self_route << ")");
   // the down rings' instances have no tail; the one-token rings' stages hold one activation
   // row, and one row chunk of <= 1.5 KB (ring 2) or <= 4 KB (ring 3), with no split copies
   const bool tail = kind == ExpertsKind::Down && p.down_tail_percent > 0 && chunk == 8;
-  MK_CHECK(kind != ExpertsKind::Down || ring == 0 || !tail,
+  MK_CHECK(kind != ExpertsKind::Down || ring == 0 || ring == 4 || !tail,
            "launch_experts: the down kernel's ring " << ring << " has no tail (tail "
                                                      << p.down_tail_percent << "%)");
-  MK_CHECK(kind != ExpertsKind::Down || ring < 2 ||
+  MK_CHECK(kind != ExpertsKind::Down || ring < 2 || ring == 4 ||
                (p.tokens == 1 && p.k <= (ring == 2 ? 12 : 32) * experts_detail::kBlockK &&
                 p.weight_copy_pieces == 1),
            "launch_experts: the down kernel's one-token ring "

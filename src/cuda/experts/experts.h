@@ -48,7 +48,10 @@ struct ExpertsParams {
   // ring of 4 KB rows, 3 stages of one 64 KB copy and one activation row
   // (experts_down_wide_one_token_ring). Gate/up: 3 its one-token ring, 3 stages of 4 KB chunks
   // with one activation row, a tile's gate rows and up rows one copy each where a row is one
-  // chunk (experts_gate_up_one_token_ring).
+  // chunk (experts_gate_up_one_token_ring). Both: 4 the ring of weights only, 3 stages of 4 KB
+  // chunks with no activation rows, the consumer warps loading their activation fragments from
+  // global memory (L2) themselves (experts_l2_acts_ring; its own instances, with the L2-keeping and
+  // dynamic-tail twins).
   int ring = 0;
   // bulk kernels at chunk 8: 1 for their instance that copies the weight rows of a task whose
   // expert has a next task (ExpertTask::more: that task's item reads the same rows next) with
@@ -148,6 +151,27 @@ bool experts_down_wide_one_token_ring(int tokens, int k, int enabled);
 // with the L2 keep): enabled, one token, and the kernel routes the token itself (self_route) or
 // rows are of several 4 KB chunks (hidden > 2048).
 bool experts_gate_up_one_token_ring(int tokens, int hidden, bool self_route, int enabled);
+// The most tokens at which both bulk kernels take their ring of weights only (ExpertsParams::ring
+// 4): MOEKIT_EXPERTS_L2_ACTS=0.. when set (0: never; read at each call; layers call once, at
+// creation), else the measured default, 32.
+int experts_l2_acts_tokens();
+// Whether both bulk kernels take their ring of weights only at `tokens` tokens per forward, chunk
+// `chunk`, for experts of width `inter` (the down kernel's k): chunk 8, 2 <= tokens <=
+// l2_acts_tokens (one token has its own rings), down rows of at most 4 KB (inter <= 2048: wider
+// ones unmeasured), and not below 8 tokens with down rows of <= 2 KB (where the down kernel's
+// deep ring runs: Qwen3-30B-A3B lost there). In place of the standard ring, the down kernel's
+// deep ring and split copies and the gate/up half items.
+// Why: a stage of the standard ring holds 8 activation rows beside its 16 weight rows (a third
+// of its bytes), so 2 stages fit; without them 3 stages of weights do, 192 KB in flight per SM
+// instead of 128 (what the one-token rings gained from, session 16), and the consumers'
+// activation loads from L2 are few (16 bytes x 2 per k block and lane). Measured on the H200,
+// against the tree before it, same runs (bench/results/h200/2026-12-01-s17-experiments, runs 6-7):
+// DeepSeek-V3 -2.1 / -1.7 / -1.5 / -1.5 / -1.9% at 2 / 4 / 8 / 16 / 32 tokens; Kimi-K2 -1.6 /
+// -0.8% at 16 / 32; GLM-4.5 (3 KB down rows) -0.5 / -1.2 / -0.9 / -0.6 / -0.2%; Qwen3-30B-A3B (1.5
+// KB down rows) -2.2 / -1.4 / -1.2% at 8 / 16 / 32 but +6.9 / +5.0% at 2 / 4 (hence the rows'
+// exception); at 128 tokens +1.3 / +2.8 / +2.8% (DeepSeek-V3, Qwen3-30B-A3B, GLM-4.5: tasks of ~4
+// tokens, and the consumers wait for their loads' L2 round trip at every stage).
+bool experts_l2_acts_ring(int tokens, int chunk, int inter, int l2_acts_tokens);
 // The fewest tokens at which the bulk kernels keep re-read weight rows in L2, forced for every
 // hidden size: MOEKIT_EXPERTS_L2_KEEP_FROM=N when set (0: never), else -1 (the measured rule of
 // experts_l2_keep). Read at each call; layers call once, at creation.

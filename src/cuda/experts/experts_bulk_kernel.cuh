@@ -43,7 +43,8 @@
 // arrival as ordering; with a 2-stage ring it reports the consumers' reads against the next fill).
 // Stage layout: 16 weight rows then kNT * 8 activation rows, each at a pitch of kChunkBlocks *
 // 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks
-// (the one-token rings: one activation row, and no pad, BulkShape<1, 2> and <1, 3>).
+// (the one-token rings: one activation row, and no pad, BulkShape<1, 2> and <1, 3>; the ring of
+// weights only, BulkShape<1, 4>: no activation rows, the consumers load theirs from L2).
 // PDL: gate/up's producers wait for the dispatch (first issuing the fused shared experts' items,
 // which need nothing from it, up to ExpertsParams::early_shared; measured on the H200: DeepSeek-V3
 // T=1 205.5 -> 199.1 us) and let the down kernel launch; the down kernel's CTAs
@@ -174,7 +175,8 @@ struct BulkLayout {
 
 // Ring depth, chunk and activation rows per stage, per n-tiles and ring (kRing, kNT 1 only: 0
 // the standard ring; 1 the deep ring, twice the stages of half the chunk; 2 and 3 the down and
-// gate/up kernels' one-token rings): ~200 KB of shared memory, 1 CTA per SM.
+// gate/up kernels' one-token rings; 4 the ring of weights only): ~200 KB of shared memory, 1 CTA
+// per SM.
 template <int kNT, int kRing = 0>
 struct BulkShape;
 template <>
@@ -210,6 +212,14 @@ struct BulkShape<1, 3> {
   // the down kernel's for rows of exactly 4 KB (DeepSeek-V3, Kimi-K2), a tile's 16 rows one 64 KB
   // copy instead of 32 of 2 KB, with 192 KB of weights in flight per SM instead of 128
   static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 1, kRowPad = 0;
+};
+template <>
+struct BulkShape<1, 4> {
+  // 3 x 65 KB of weights only (16 x 4 KB, rows padded as the standard ring's), at 2-32 tokens
+  // (ExpertsParams::ring 4, experts_l2_acts_ring): the consumer warps load their activation
+  // fragments from global memory (L2) themselves, so the third stage fits: 192 KB of weights in
+  // flight per SM instead of the standard ring's 128
+  static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 0, kRowPad = 64;
 };
 template <>
 struct BulkShape<2, 0> {
@@ -395,12 +405,17 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   static_assert(kRing != 3 || (kMode != kBulkFused && kNT == 1 && !kKeep && !kSplitRows && !kTail),
                 "ring 3: the chunk-8 gate/up and down kernels' at one token");
   using L = typename BulkShapeLayout<kNT, kRing>::type;
+  static_assert(
+      kRing != 4 || (kMode != kBulkFused && kNT == 1 && !kSplitRows && !kHalves && !kSelfRoute),
+      "ring 4: the chunk-8 gate/up and down kernels' (with the L2 keep and the tail)");
+  // stages of weights only (ring 4): the consumers load the activations themselves
+  constexpr bool kActsFromL2 = L::kActRows == 0;
   // The down epilogue's combine: one pass at a time between its items (bulk_combine_pass), or
   // at once (bulk_combine_tile) in the instances that run at <= 8 tokens only, whose code stays
   // as it was measured: with the passes they were 0.4-1.4% slower at one token (Qwen3-30B-A3B,
   // DeepSeek-V3, bench/results/h200/2026-12-01-s17-experiments, runs 2-3), though the code they
   // run there is the same (their layout, not their work, changed)
-  constexpr bool kCombineInPasses = kHasDown && kRing == 0 && !kSplitRows;
+  constexpr bool kCombineInPasses = kHasDown && (kRing == 0 || kRing == 4) && !kSplitRows;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
   constexpr int kDownTileRows = 16;   // output rows per down item
   // (rounded up: a warp's blocks past the chunk are skipped, kRing 2)
@@ -555,7 +570,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       const int blocks = min(kChunkBlocks, nkb - c * kChunkBlocks);
       const uint32_t row_bytes = static_cast<uint32_t>(blocks) * kBlockK * 2;
       const int weight_rows = kHalves && it.half != 0 ? kBulkWeightRows / 2 : kBulkWeightRows;
-      mbar_arrive_expect_tx(&full[s], row_bytes * (weight_rows + it.task.count));
+      mbar_arrive_expect_tx(&full[s],
+                            row_bytes * (weight_rows + (kActsFromL2 ? 0 : it.task.count)));
     } else {
       mbar_arrive(&full[s]);
     }
@@ -1036,6 +1052,10 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   }
 
   // ---- consumers ----
+  // kActsFromL2: the consumers read h, the gate/up kernel's output, themselves, and the early
+  // stages (weights only) may land before the producers' wait
+  if constexpr (kActsFromL2 && kMode == kBulkDown) pdl_wait();
+  const __nv_bfloat16* act_row = nullptr;  // kActsFromL2: token g's activation row of the item
   float acc[kNT][4];
   int count = 0;
   int nkb = 0, nchunks = 0;  // of the current item
@@ -1082,6 +1102,13 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       const bool down = is_down(kFused ? __shfl_sync(0xffffffffu, item_down, 0) : 0);
       nkb = down ? dn_nkb : gu_nkb;
       nchunks = down ? dn_nchunks : gu_nchunks;
+      if constexpr (kActsFromL2) {
+        act_row = nullptr;
+        if (g < count) {
+          const ExpertsParams& ap = down ? dn : gu;
+          act_row = ap.x + static_cast<size_t>(m.pairs[g] / ap.x_row_div) * ap.k;
+        }
+      }
 #pragma unroll
       for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
       if (warp == 0) {
@@ -1093,6 +1120,22 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       }
     }
     const unsigned char* stage = smem + s * L::kStageBytes;
+    // kActsFromL2: this stage's activation fragments of the warp's blocks, all loads issued
+    // before the first mma (one L2 round trip per stage; __ldcg: h is written by another kernel)
+    uint4 gb[kBlocksPerWarp][2];
+    if constexpr (kActsFromL2) {
+#pragma unroll
+      for (int u = 0; u < kBlocksPerWarp; ++u) {
+        const int blk = warp + u * kBulkConsumerWarps;
+        gb[u][0] = gb[u][1] = make_uint4(0, 0, 0, 0);
+        if (act_row != nullptr && c * kChunkBlocks + blk < nkb) {
+          const uint4* a =
+              reinterpret_cast<const uint4*>(act_row + (c * kChunkBlocks + blk) * kBlockK + 8 * t);
+          gb[u][0] = __ldcg(a);
+          gb[u][1] = __ldcg(a + 4);
+        }
+      }
+    }
 #pragma unroll
     for (int u = 0; u < kBlocksPerWarp; ++u) {
       const int blk = warp + u * kBulkConsumerWarps;
@@ -1110,7 +1153,10 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
             // token j*8+g's row; rows past the count were not copied: zeros
             const unsigned char* x = lo + (kBulkWeightRows + j * 8) * L::kPitch;
             uint4 b[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-            if (j * 8 + g < count) {
+            if (kActsFromL2) {
+              b[0] = gb[u][0];
+              b[1] = gb[u][1];
+            } else if (j * 8 + g < count) {
               b[0] = *reinterpret_cast<const uint4*>(x);
               b[1] = *reinterpret_cast<const uint4*>(x + 64);
             }

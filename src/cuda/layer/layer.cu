@@ -105,6 +105,7 @@ struct GpuMoeLayer::Impl {
   int down_tail_setting = -1;                  // the bulk down kernel's MOEKIT_EXPERTS_DOWN_TAIL
   int half_items_setting = -1;                 // the gate/up kernel's MOEKIT_EXPERTS_HALF_ITEMS
   int self_route_tokens = 0;                   // its MOEKIT_EXPERTS_SELF_ROUTE
+  int l2_acts_tokens = 0;                      // both's MOEKIT_EXPERTS_L2_ACTS
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -332,6 +333,7 @@ struct GpuMoeLayer::Impl {
     down_tail_setting = experts_down_tail_percent_setting();
     half_items_setting = experts_gate_up_half_items_setting();
     self_route_tokens = experts_self_route_tokens();
+    l2_acts_tokens = experts_l2_acts_tokens();
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -403,8 +405,12 @@ struct GpuMoeLayer::Impl {
     const ExpertsStream sk = kind_for(tokens);
     const int down_tail =
         sk == ExpertsStream::Bulk ? experts_down_tail(tokens, H, chunk, down_tail_setting) : 0;
+    // both bulk kernels' ring of weights only, the consumers loading the activations
+    // (experts_l2_acts_ring): in place of the half items, the split copies and the deep rings
+    const bool l2_acts =
+        sk == ExpertsStream::Bulk && experts_l2_acts_ring(tokens, chunk, I, l2_acts_tokens);
     const int half_items =
-        sk == ExpertsStream::Bulk && !l2_keep
+        sk == ExpertsStream::Bulk && !l2_keep && !l2_acts
             ? experts_gate_up_half_items(tokens, H, chunk, half_items_setting, one_token_ring)
             : 0;
     // no routing kernel: the gate/up kernel routes its one token (experts_self_route_tokens)
@@ -512,7 +518,10 @@ struct GpuMoeLayer::Impl {
       g.work_counter = &ctr->self_route_work;
       g.self_route_ctas_done = &ctr->self_route_ctas_done;
     }
-    if (l2_keep == 0 && experts_gate_up_one_token_ring(tokens, H, self_route, one_token_ring)) {
+    if (l2_acts) {
+      g.ring = 4;
+    } else if (l2_keep == 0 &&
+               experts_gate_up_one_token_ring(tokens, H, self_route, one_token_ring)) {
       g.ring = 3;
     }
     if (s_run > 0 && sk == ExpertsStream::Bulk && tokens <= shared_first_tokens) {
@@ -548,14 +557,16 @@ struct GpuMoeLayer::Impl {
     d.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
     d.y = static_cast<__nv_bfloat16*>(y);
     d.trace = trace;
-    // (the rings' instances have no tail: a tail, only ever forced where a ring would be, wins;
-    // ring 3 takes the place of the split copies at 4 KB rows)
-    d.ring = down_tail > 0                                                 ? 0
+    // (rings 1-3 have no tail instances: a tail, only ever forced where one would be, wins;
+    // ring 3 takes the place of the split copies at 4 KB rows; ring 4 (which has tail instances)
+    // the place of all the others and of the split copies)
+    d.ring = l2_acts                                                       ? 4
+             : down_tail > 0                                               ? 0
              : experts_down_wide_one_token_ring(tokens, I, one_token_ring) ? 3
              : !experts_down_deep_ring(tokens, I, down_deep_tokens)        ? 0
              : experts_down_one_token_ring(tokens, I, one_token_ring)      ? 2
                                                                            : 1;
-    d.weight_copy_pieces = d.ring == 3 ? 1 : experts_down_copy_pieces(tokens, I, down_split_tokens);
+    d.weight_copy_pieces = d.ring >= 3 ? 1 : experts_down_copy_pieces(tokens, I, down_split_tokens);
     d.down_tail_percent = down_tail;
     if (one_expert_launch) {
       launch_experts_fused(chunk, g, d, task_done.as<int>(), fused_grid[ci], st);
