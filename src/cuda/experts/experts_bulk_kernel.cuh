@@ -517,7 +517,7 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     // the one-token rings with rows of one chunk that fill their unpadded pitch: a tile's
     // contiguous rows in one copy (down: W2 rows r0..r0+15 of one expert; gate/up: gate rows
     // r0..r0+7, up rows I+r0..I+r0+7); rows of several chunks go one copy per row
-    constexpr int kRowsPerCopy = kRing < 2 ? 1 : kMode == kBulkGateUp ? 8 : 16;
+    constexpr int kRowsPerCopy = kRing != 2 && kRing != 3 ? 1 : kMode == kBulkGateUp ? 8 : 16;
     const bool one_copy =
         kRowsPerCopy > 1 && row_bytes == static_cast<uint32_t>(L::kPitch) && nkb <= kChunkBlocks;
     if (lane < kBulkWeightRows) {
