@@ -747,8 +747,8 @@ TEST(GpuLayerSmall, OneTokenRings) {
   unsetenv("MOEKIT_EXPERTS_HALF_ITEMS");
 }
 
-// Both bulk kernels' ring of weights only (experts_l2_acts_ring: from 2 to 32 tokens by default,
-// down rows of 3-4 KB, and from 8 tokens for rows of <= 2 KB): the consumers load their
+// Both bulk kernels' ring of weights only (experts_l2_acts_ring: from 2 tokens while tasks are
+// short, down rows of 3-4 KB, and from 8 tokens for rows of <= 2 KB): the consumers load their
 // activation fragments themselves, the k blocks and their order per warp are the standard
 // ring's (and the deep ring's, the split copies', the half items'), so bit for bit the same
 // output. Gate/up rows of one chunk (hidden 256) and of several with a narrower last one
@@ -778,6 +778,26 @@ TEST(GpuLayerSmall, BulkWeightsOnlyRing) {
   setenv("MOEKIT_EXPERTS_L2_KEEP_FROM", "1", 1);
   expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", "32", {9, 32},
                                FuseShared::On, 135);
+  unsetenv("MOEKIT_EXPERTS_L2_KEEP_FROM");
+  unsetenv("MOEKIT_EXPERTS_DOWN_TAIL");
+}
+
+// The ring of weights only and its dynamic-tail and L2-keeping twins at shapes small enough for
+// racecheck (the test above takes minutes under it): 512 gate/up and 256 down items of 16 rows
+// over the 132 CTAs at 9 and 40 tokens, so each CTA's 3 stages wrap around; against the CPU
+// reference and bit for bit equal to the standard ring, fused and unfused.
+TEST(GpuLayerSmall, BulkWeightsOnlyRingSanitizerShapes) {
+  SKIP_WITHOUT_GPU();
+  const MoeSpec spec = small_spec("deepseek-v3", 256, 16, 256);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 61);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 40;
+  expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", {"40"}, {9, 40},
+                                     140);
+  setenv("MOEKIT_EXPERTS_DOWN_TAIL", "50", 1);
+  setenv("MOEKIT_EXPERTS_L2_KEEP_FROM", "1", 1);
+  expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", "40", {9, 40},
+                               FuseShared::On, 145);
   unsetenv("MOEKIT_EXPERTS_L2_KEEP_FROM");
   unsetenv("MOEKIT_EXPERTS_DOWN_TAIL");
 }
@@ -1110,23 +1130,34 @@ TEST(ExpertsVariant, OneTokenRingsOnlyAtOneTokenAndForTheRowsMeasured) {
 
 TEST(ExpertsVariant, L2ActsParsesATokenCountAndNamesABadOne) {
   unsetenv("MOEKIT_EXPERTS_L2_ACTS");
-  EXPECT_EQ(cuda::experts_l2_acts_tokens(), 32);
+  EXPECT_EQ(cuda::experts_l2_acts_tokens(), -1);  // the measured rule
   expect_env_int_knob("MOEKIT_EXPERTS_L2_ACTS", cuda::experts_l2_acts_tokens, {0, 2, 128},
                       {"-1", "on", "32 tokens"}, "a token count, 0 (never) to 1048576");
 }
 
-TEST(ExpertsVariant, WeightsOnlyRingFromTwoTokensUpToTheLimitForTheRowsMeasured) {
-  EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 2048, 32));  // DeepSeek-V3: 4 KB down rows
-  EXPECT_TRUE(cuda::experts_l2_acts_ring(32, 8, 2048, 32));
-  EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 1536, 32));    // GLM-4.5: 3 KB
-  EXPECT_TRUE(cuda::experts_l2_acts_ring(8, 8, 768, 32));     // Qwen3-30B-A3B from 8 tokens
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(4, 8, 768, 32));    // ... below: its deep down ring
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(2, 8, 1024, 32));   // (2 KB rows likewise)
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 8, 2880, 32));   // gpt-oss: wider rows, unmeasured
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(1, 8, 2048, 32));   // one token: the one-token rings
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(33, 8, 2048, 32));  // 128 tokens lost 1.3-2.8%
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 8, 2048, 0));    // turned off
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 16, 2048, 32));  // chunk 16: no such instance
+TEST(ExpertsVariant, WeightsOnlyRingFromTwoTokensWhileTasksAreShortForTheRowsMeasured) {
+  // the default (-1): up to 48 tokens, and beyond while tokens x top_k / experts <= 2
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 2048, 8, 256, -1));  // DeepSeek-V3: 4 KB down rows
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(48, 8, 2048, 8, 256, -1));
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(64, 8, 2048, 8, 256, -1));    // 2 tokens per expert
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(65, 8, 2048, 8, 256, -1));   // more
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(128, 8, 2048, 8, 256, -1));  // +1.0%
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(96, 8, 2048, 8, 384, -1));    // Kimi-K2: 2 per expert
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(128, 8, 2048, 8, 384, -1));
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 1536, 8, 160, -1));  // GLM-4.5: 3 KB
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(48, 8, 1536, 8, 160, -1));
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(49, 8, 1536, 8, 160, -1));  // 2.45 per expert
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(8, 8, 768, 8, 128, -1));     // Qwen3-30B-A3B from 8 tokens
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(4, 8, 768, 8, 128, -1));    // ... below: its deep ring
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(2, 8, 1024, 8, 128, -1));   // (2 KB rows likewise)
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 8, 2880, 4, 128, -1));   // gpt-oss: wider, unmeasured
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(1, 8, 2048, 8, 256, -1));   // one token: its own rings
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 16, 2048, 8, 256, -1));  // chunk 16: no instance
+  // MOEKIT_EXPERTS_L2_ACTS=N: up to N tokens whatever the experts (the rows' exceptions stay)
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(128, 8, 2048, 8, 256, 128));
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(33, 8, 2048, 8, 256, 32));
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 8, 2048, 8, 256, 0));  // turned off
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(4, 8, 768, 8, 128, 128));
 }
 
 TEST(ExpertsVariant, L2KeepFromParsesATokenCountAndNamesABadOne) {

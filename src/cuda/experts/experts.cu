@@ -298,13 +298,16 @@ bool experts_gate_up_one_token_ring(int tokens, int hidden, bool self_route, int
 }
 
 int experts_l2_acts_tokens() {
-  return env_int_in_range("MOEKIT_EXPERTS_L2_ACTS", 32, 0, 1 << 20,
+  return env_int_in_range("MOEKIT_EXPERTS_L2_ACTS", -1, 0, 1 << 20,
                           "a token count, 0 (never) to 1048576");
 }
 
-bool experts_l2_acts_ring(int tokens, int chunk, int inter, int l2_acts_tokens) {
-  return chunk == 8 && tokens >= 2 && tokens <= l2_acts_tokens && inter <= 2048 &&
-         (tokens >= 8 || inter > 1024);
+bool experts_l2_acts_ring(int tokens, int chunk, int inter, int top_k, int experts,
+                          int l2_acts_tokens) {
+  const bool within = l2_acts_tokens >= 0
+                          ? tokens <= l2_acts_tokens
+                          : tokens <= 48 || static_cast<long long>(tokens) * top_k <= 2LL * experts;
+  return chunk == 8 && tokens >= 2 && within && inter <= 2048 && (tokens >= 8 || inter > 1024);
 }
 
 int experts_l2_keep_from_tokens() {

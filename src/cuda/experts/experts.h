@@ -153,25 +153,36 @@ bool experts_down_wide_one_token_ring(int tokens, int k, int enabled);
 bool experts_gate_up_one_token_ring(int tokens, int hidden, bool self_route, int enabled);
 // The most tokens at which both bulk kernels take their ring of weights only (ExpertsParams::ring
 // 4): MOEKIT_EXPERTS_L2_ACTS=0.. when set (0: never; read at each call; layers call once, at
-// creation), else the measured default, 32.
+// creation), else -1: the measured rule of experts_l2_acts_ring.
 int experts_l2_acts_tokens();
 // Whether both bulk kernels take their ring of weights only at `tokens` tokens per forward, chunk
-// `chunk`, for experts of width `inter` (the down kernel's k): chunk 8, 2 <= tokens <=
-// l2_acts_tokens (one token has its own rings), down rows of at most 4 KB (inter <= 2048: wider
-// ones unmeasured), and not below 8 tokens with down rows of <= 2 KB (where the down kernel's
-// deep ring runs: Qwen3-30B-A3B lost there). In place of the standard ring, the down kernel's
-// deep ring and split copies and the gate/up half items.
+// `chunk`, for `experts` routed experts of width `inter` (the down kernel's k) of which each token
+// takes `top_k`: chunk 8, from 2 tokens (one token has its own rings), down rows of at most 4 KB
+// (inter <= 2048: wider ones unmeasured), not below 8 tokens with down rows of <= 2 KB (where the
+// down kernel's deep ring runs: Qwen3-30B-A3B lost there), and up to l2_acts_tokens tokens when
+// that is >= 0, else (the default) up to 48 tokens and beyond while the routed tokens per expert
+// (tokens x top_k / experts) are at most 2. In place of the standard ring, the down kernel's deep
+// ring and split copies and the gate/up half items.
 // Why: a stage of the standard ring holds 8 activation rows beside its 16 weight rows (a third
 // of its bytes), so 2 stages fit; without them 3 stages of weights do, 192 KB in flight per SM
 // instead of 128 (what the one-token rings gained from, session 16), and the consumers'
 // activation loads from L2 are few (16 bytes x 2 per k block and lane). Measured on the H200,
-// against the tree before it, same runs (bench/results/h200/2026-12-01-s17-experiments, runs 6-7):
-// DeepSeek-V3 -2.1 / -1.7 / -1.5 / -1.5 / -1.9% at 2 / 4 / 8 / 16 / 32 tokens; Kimi-K2 -1.6 /
-// -0.8% at 16 / 32; GLM-4.5 (3 KB down rows) -0.5 / -1.2 / -0.9 / -0.6 / -0.2%; Qwen3-30B-A3B (1.5
-// KB down rows) -2.2 / -1.4 / -1.2% at 8 / 16 / 32 but +6.9 / +5.0% at 2 / 4 (hence the rows'
-// exception); at 128 tokens +1.3 / +2.8 / +2.8% (DeepSeek-V3, Qwen3-30B-A3B, GLM-4.5: tasks of ~4
-// tokens, and the consumers wait for their loads' L2 round trip at every stage).
-bool experts_l2_acts_ring(int tokens, int chunk, int inter, int l2_acts_tokens);
+// against the standard rings, same runs (bench/results/h200/2026-12-01-s17-experiments, runs 6-7,
+// 2-32 tokens): DeepSeek-V3 -2.1 / -1.7 / -1.5 / -1.5 / -1.9% at 2 / 4 / 8 / 16 / 32 tokens;
+// Kimi-K2 -1.6 / -0.8% at 16 / 32; GLM-4.5 (3 KB down rows) -0.5 / -1.2 / -0.9 / -0.6 / -0.2%;
+// Qwen3-30B-A3B (1.5 KB down rows) -2.2 / -1.4 / -1.2% at 8 / 16 / 32 but +6.9 / +5.0% at 2 / 4
+// (hence the rows' exception). Above 32 tokens (2026-12-01-s18-experiments, runs 1-2) it gains
+// while an expert's tasks are short: at 40 / 48 / 64 / 96 tokens DeepSeek-V3 -2.5 / -2.1 / -1.2 /
+// -0.2% (128: +1.0%), Kimi-K2 -2.6 / -2.4 / -1.7 / -1.0%, GLM-5 (48 / 64 / 96) -2.4 / -1.2 /
+// -0.4%, DeepSeek-V4-Flash -1.1 / -0.3 / +0.8%, MiniMax-M2 -0.2 / -0.2 / +0.1%, GLM-4.5 -0.7 /
+// -0.5 / +0.2 / +2.1%, Qwen3-30B-A3B -1.4 / -1.3 / -0.9 / +0.7%, Qwen3-235B-A22B (48 / 64 / 96)
+// -0.1 / +0.5 / +2.3%; at 128 tokens (run 1) DeepSeek-V3 +1.0%, GLM-4.5 +3.5%, Qwen3-30B-A3B
+// +2.9%. Every cell the rule takes gained; of those it leaves out, one gained more than 0.5%
+// (Qwen3-30B-A3B at 64 tokens, 4 tokens per expert: -0.9%). With more tokens per task the
+// consumers wait for their activation loads' L2 round trip at every stage, where the standard
+// ring's copies landed with the weights.
+bool experts_l2_acts_ring(int tokens, int chunk, int inter, int top_k, int experts,
+                          int l2_acts_tokens);
 // The fewest tokens at which the bulk kernels keep re-read weight rows in L2, forced for every
 // hidden size: MOEKIT_EXPERTS_L2_KEEP_FROM=N when set (0: never), else -1 (the measured rule of
 // experts_l2_keep). Read at each call; layers call once, at creation.

@@ -408,7 +408,7 @@ struct GpuMoeLayer::Impl {
     // both bulk kernels' ring of weights only, the consumers loading the activations
     // (experts_l2_acts_ring): in place of the half items, the split copies and the deep rings
     const bool l2_acts =
-        sk == ExpertsStream::Bulk && experts_l2_acts_ring(tokens, chunk, I, l2_acts_tokens);
+        sk == ExpertsStream::Bulk && experts_l2_acts_ring(tokens, chunk, I, K, E, l2_acts_tokens);
     const int half_items =
         sk == ExpertsStream::Bulk && !l2_keep && !l2_acts
             ? experts_gate_up_half_items(tokens, H, chunk, half_items_setting, one_token_ring)
