@@ -784,8 +784,8 @@ TEST(GpuLayerSmall, BulkWeightsOnlyRing) {
 
 // The ring of weights only and its dynamic-tail and L2-keeping twins at shapes small enough for
 // racecheck (the test above takes minutes under it): 512 gate/up and 256 down items of 16 rows
-// over the 132 CTAs at 9 and 40 tokens, so each CTA's 3 stages wrap around; against the CPU
-// reference and bit for bit equal to the standard ring, fused and unfused.
+// over the 132 CTAs at 9 and 40 tokens, so each CTA's 3 stages wrap around; then down rows of two
+// chunks. Against the CPU reference and bit for bit equal to the standard ring.
 TEST(GpuLayerSmall, BulkWeightsOnlyRingSanitizerShapes) {
   SKIP_WITHOUT_GPU();
   const MoeSpec spec = small_spec("deepseek-v3", 256, 16, 256);
@@ -799,6 +799,39 @@ TEST(GpuLayerSmall, BulkWeightsOnlyRingSanitizerShapes) {
   expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", "40", {9, 40},
                                FuseShared::On, 145);
   unsetenv("MOEKIT_EXPERTS_L2_KEEP_FROM");
+  unsetenv("MOEKIT_EXPERTS_DOWN_TAIL");
+  // down rows of two chunks (5 KB), 4 experts: the gate/up ring wraps, each down item is 2 stages
+  const MoeSpec wide = small_spec("gpt-oss-120b", 256, 4, 2560);
+  const auto ww = make_random_weights(wide, wide.moe_layers.front(), 63);
+  expect_knob_keeps_the_output(wide, *ww, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", "40", {2, 9},
+                               FuseShared::Off, 147);
+}
+
+// The ring of weights only for down rows of more than 4 KB, two and seven 4 KB chunks a row
+// (gpt-oss-120b's 5.6 KB with its clamped activation and biases, Qwen2-57B-A14B's 5 KB with its
+// gated shared expert, Mixtral's 28 KB), the last chunk narrower; then with the down tail forced
+// and gate/up rows of several chunks too. Bit for bit the standard ring's output (its k blocks
+// and their order per warp), and against the CPU reference.
+TEST(GpuLayerSmall, BulkWeightsOnlyRingWideRows) {
+  SKIP_WITHOUT_GPU();
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 16;
+  const std::pair<const char*, int> shapes[] = {
+      {"gpt-oss-120b", 2880}, {"qwen2-57b-a14b", 2560}, {"mixtral-8x7b", 14336}};
+  for (const auto& [model, inter] : shapes) {
+    SCOPED_TRACE(model);
+    const MoeSpec spec = small_spec(model, 256, 16, inter);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 67);
+    for (FuseShared fuse : {FuseShared::Off, FuseShared::Auto}) {
+      expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", "16", {2, 7, 16},
+                                   fuse, 150);
+    }
+  }
+  const MoeSpec spec = small_spec("qwen2-57b-a14b", 2240, 16, 2560);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 71);
+  setenv("MOEKIT_EXPERTS_DOWN_TAIL", "50", 1);
+  expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_L2_ACTS", "0", {"16"},
+                                     {2, 9, 16}, 155);
   unsetenv("MOEKIT_EXPERTS_DOWN_TAIL");
 }
 
@@ -1135,25 +1168,30 @@ TEST(ExpertsVariant, L2ActsParsesATokenCountAndNamesABadOne) {
                       {"-1", "on", "32 tokens"}, "a token count, 0 (never) to 1048576");
 }
 
-TEST(ExpertsVariant, WeightsOnlyRingFromTwoTokensWhileTasksAreShortForTheRowsMeasured) {
-  // the default (-1): up to 48 tokens, and beyond while tokens x top_k / experts <= 2
+TEST(ExpertsVariant, WeightsOnlyRingFromTwoTokensWhileTasksAreShort) {
+  // the default (-1): tokens x top_k <= 2 x experts, or <= 3 x experts up to 48 tokens
   EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 2048, 8, 256, -1));  // DeepSeek-V3: 4 KB down rows
   EXPECT_TRUE(cuda::experts_l2_acts_ring(48, 8, 2048, 8, 256, -1));
   EXPECT_TRUE(cuda::experts_l2_acts_ring(64, 8, 2048, 8, 256, -1));    // 2 tokens per expert
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(65, 8, 2048, 8, 256, -1));   // more
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(65, 8, 2048, 8, 256, -1));   // more, above 48 tokens
   EXPECT_FALSE(cuda::experts_l2_acts_ring(128, 8, 2048, 8, 256, -1));  // +1.0%
   EXPECT_TRUE(cuda::experts_l2_acts_ring(96, 8, 2048, 8, 384, -1));    // Kimi-K2: 2 per expert
   EXPECT_FALSE(cuda::experts_l2_acts_ring(128, 8, 2048, 8, 384, -1));
-  EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 1536, 8, 160, -1));  // GLM-4.5: 3 KB
-  EXPECT_TRUE(cuda::experts_l2_acts_ring(48, 8, 1536, 8, 160, -1));
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(49, 8, 1536, 8, 160, -1));  // 2.45 per expert
-  EXPECT_TRUE(cuda::experts_l2_acts_ring(8, 8, 768, 8, 128, -1));     // Qwen3-30B-A3B from 8 tokens
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 1536, 8, 160, -1));    // GLM-4.5: 3 KB
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(48, 8, 1536, 8, 160, -1));   // 2.4 per expert
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(49, 8, 1536, 8, 160, -1));  // ... above 48 tokens
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(48, 8, 768, 8, 128, -1));    // Qwen3-30B-A3B: 3
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(49, 8, 768, 8, 128, -1));
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(8, 8, 768, 8, 128, -1));     // 1.5 KB rows from 8 tokens
   EXPECT_FALSE(cuda::experts_l2_acts_ring(4, 8, 768, 8, 128, -1));    // ... below: its deep ring
   EXPECT_FALSE(cuda::experts_l2_acts_ring(2, 8, 1024, 8, 128, -1));   // (2 KB rows likewise)
-  EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 8, 2880, 4, 128, -1));   // gpt-oss: wider, unmeasured
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(2, 8, 14336, 2, 8, -1));     // Mixtral: 28 KB rows
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(8, 8, 14336, 2, 8, -1));     // 2 per expert
+  EXPECT_FALSE(cuda::experts_l2_acts_ring(13, 8, 14336, 2, 8, -1));   // more than 3: +4.9% at 32
+  EXPECT_TRUE(cuda::experts_l2_acts_ring(64, 8, 2880, 4, 128, -1));   // gpt-oss: 5.6 KB rows
   EXPECT_FALSE(cuda::experts_l2_acts_ring(1, 8, 2048, 8, 256, -1));   // one token: its own rings
   EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 16, 2048, 8, 256, -1));  // chunk 16: no instance
-  // MOEKIT_EXPERTS_L2_ACTS=N: up to N tokens whatever the experts (the rows' exceptions stay)
+  // MOEKIT_EXPERTS_L2_ACTS=N: up to N tokens whatever the experts (the rows' exception stays)
   EXPECT_TRUE(cuda::experts_l2_acts_ring(128, 8, 2048, 8, 256, 128));
   EXPECT_FALSE(cuda::experts_l2_acts_ring(33, 8, 2048, 8, 256, 32));
   EXPECT_FALSE(cuda::experts_l2_acts_ring(8, 8, 2048, 8, 256, 0));  // turned off

@@ -304,10 +304,11 @@ int experts_l2_acts_tokens() {
 
 bool experts_l2_acts_ring(int tokens, int chunk, int inter, int top_k, int experts,
                           int l2_acts_tokens) {
+  const long long slots = static_cast<long long>(tokens) * top_k;  // routed token-slots
   const bool within = l2_acts_tokens >= 0
                           ? tokens <= l2_acts_tokens
-                          : tokens <= 48 || static_cast<long long>(tokens) * top_k <= 2LL * experts;
-  return chunk == 8 && tokens >= 2 && within && inter <= 2048 && (tokens >= 8 || inter > 1024);
+                          : slots <= 2LL * experts || (tokens <= 48 && slots <= 3LL * experts);
+  return chunk == 8 && tokens >= 2 && within && (tokens >= 8 || inter > 1024);
 }
 
 int experts_l2_keep_from_tokens() {

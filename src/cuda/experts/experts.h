@@ -157,30 +157,38 @@ bool experts_gate_up_one_token_ring(int tokens, int hidden, bool self_route, int
 int experts_l2_acts_tokens();
 // Whether both bulk kernels take their ring of weights only at `tokens` tokens per forward, chunk
 // `chunk`, for `experts` routed experts of width `inter` (the down kernel's k) of which each token
-// takes `top_k`: chunk 8, from 2 tokens (one token has its own rings), down rows of at most 4 KB
-// (inter <= 2048: wider ones unmeasured), not below 8 tokens with down rows of <= 2 KB (where the
-// down kernel's deep ring runs: Qwen3-30B-A3B lost there), and up to l2_acts_tokens tokens when
-// that is >= 0, else (the default) up to 48 tokens and beyond while the routed tokens per expert
-// (tokens x top_k / experts) are at most 2. In place of the standard ring, the down kernel's deep
-// ring and split copies and the gate/up half items.
+// takes `top_k`: chunk 8, from 2 tokens (one token has its own rings), not below 8 tokens with
+// down rows of <= 2 KB (where the down kernel's deep ring runs: Qwen3-30B-A3B lost there), and up
+// to l2_acts_tokens tokens when that is >= 0, else (the default) while an expert's tasks are
+// short: at most 2 routed tokens per expert on average (tokens x top_k <= 2 x experts), or 3 up
+// to 48 tokens. In place of the standard ring, the down kernel's deep ring and split copies and
+// the gate/up half items.
 // Why: a stage of the standard ring holds 8 activation rows beside its 16 weight rows (a third
 // of its bytes), so 2 stages fit; without them 3 stages of weights do, 192 KB in flight per SM
 // instead of 128 (what the one-token rings gained from, session 16), and the consumers'
-// activation loads from L2 are few (16 bytes x 2 per k block and lane). Measured on the H200,
-// against the standard rings, same runs (bench/results/h200/2026-12-01-s17-experiments, runs 6-7,
-// 2-32 tokens): DeepSeek-V3 -2.1 / -1.7 / -1.5 / -1.5 / -1.9% at 2 / 4 / 8 / 16 / 32 tokens;
-// Kimi-K2 -1.6 / -0.8% at 16 / 32; GLM-4.5 (3 KB down rows) -0.5 / -1.2 / -0.9 / -0.6 / -0.2%;
-// Qwen3-30B-A3B (1.5 KB down rows) -2.2 / -1.4 / -1.2% at 8 / 16 / 32 but +6.9 / +5.0% at 2 / 4
-// (hence the rows' exception). Above 32 tokens (2026-12-01-s18-experiments, runs 1-2) it gains
-// while an expert's tasks are short: at 40 / 48 / 64 / 96 tokens DeepSeek-V3 -2.5 / -2.1 / -1.2 /
-// -0.2% (128: +1.0%), Kimi-K2 -2.6 / -2.4 / -1.7 / -1.0%, GLM-5 (48 / 64 / 96) -2.4 / -1.2 /
-// -0.4%, DeepSeek-V4-Flash -1.1 / -0.3 / +0.8%, MiniMax-M2 -0.2 / -0.2 / +0.1%, GLM-4.5 -0.7 /
-// -0.5 / +0.2 / +2.1%, Qwen3-30B-A3B -1.4 / -1.3 / -0.9 / +0.7%, Qwen3-235B-A22B (48 / 64 / 96)
-// -0.1 / +0.5 / +2.3%; at 128 tokens (run 1) DeepSeek-V3 +1.0%, GLM-4.5 +3.5%, Qwen3-30B-A3B
-// +2.9%. Every cell the rule takes gained; of those it leaves out, one gained more than 0.5%
-// (Qwen3-30B-A3B at 64 tokens, 4 tokens per expert: -0.9%). With more tokens per task the
-// consumers wait for their activation loads' L2 round trip at every stage, where the standard
-// ring's copies landed with the weights.
+// activation loads from L2 are few (16 bytes x 2 per k block and lane). With more tokens per task
+// it loses; why is open (not the consumers' wait for their loads' L2 round trip at every stage:
+// those loads issued a stage ahead, ring 5, did not help; s18 run 1). Measured on the H200 against
+// the standard rings, same runs (bench/results/h200/2026-12-01-s17-experiments runs 6-7 at 2-32
+// tokens, 2026-12-01-s18-experiments runs 1-3 above and for wide rows):
+// - DeepSeek-V3 -2.1 / -1.7 / -1.5 / -1.5 / -1.9% at 2 / 4 / 8 / 16 / 32 tokens, -2.5 / -2.1 /
+//   -1.2 / -0.2% at 40 / 48 / 64 / 96, +1.0% at 128 (4 tokens per expert);
+// - Kimi-K2 -1.6 / -0.8% at 16 / 32, -2.6 / -2.4 / -1.7 / -1.0% at 40 / 48 / 64 / 96;
+// - GLM-5 -2.4 / -1.2 / -0.4% at 48 / 64 / 96; DeepSeek-V4-Flash -1.1 / -0.3 / +0.8%, MiniMax-M2
+//   -0.2 / -0.2 / +0.1% there;
+// - GLM-4.5 (3 KB down rows) -0.2..-1.2% at 2-32, -0.7 / -0.5 / +0.2 / +2.1% at 40 / 48 / 64 / 96;
+// - Qwen3-30B-A3B (1.5 KB down rows) -2.2 / -1.4 / -1.2% at 8 / 16 / 32, -1.4 / -1.3 / -0.9 /
+//   +0.7% at 40 / 48 / 64 / 96, but +6.9 / +5.0% at 2 / 4 (hence the rows' exception);
+//   Qwen3-235B-A22B -0.1 / +0.5 / +2.3% at 48 / 64 / 96;
+// - down rows of more than 4 KB, two to seven 4 KB chunks a row (run 3, fused where the model has
+//   shared experts): gpt-oss-120b -1.6 / -2.2 / -1.2 / -1.1% at 2 / 8 / 32 / 64, MiniMax-M3 -4.3
+//   / -2.3 / -1.4 / -0.9%, Qwen2-57B-A14B -3.4 / -1.3% at 2 / 8, Mixtral-8x7B -6.1 / -1.9% at 2 /
+//   8 but +4.9% at 32 (8 tokens per expert); this rule against the one before (run 4, `auto`):
+//   Mixtral -8.3 / -7.5 / -5.2 / -1.8% at 2 / 4 / 8 / 12, Qwen2-57B-A14B -5.3 / -3.0 / -4.7 /
+//   -7.7% at 2 / 8 / 16 / 24, gpt-oss-120b -0.9 / -1.4 / -1.7 / -1.7% and MiniMax-M3 -2.9 / -1.6
+//   / -2.6 / -1.1% at 2 / 8 / 32 / 64.
+// Every measured cell the rule takes gained; of those it leaves out, Qwen3-30B-A3B at 64 tokens
+// gained more than 0.5% (-0.9%), and Qwen2-57B-A14B fused at 32 (-6.9%; `auto` runs it unfused).
 bool experts_l2_acts_ring(int tokens, int chunk, int inter, int top_k, int experts,
                           int l2_acts_tokens);
 // The fewest tokens at which the bulk kernels keep re-read weight rows in L2, forced for every
