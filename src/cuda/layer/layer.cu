@@ -105,7 +105,7 @@ struct GpuMoeLayer::Impl {
   int down_tail_setting = -1;                  // the bulk down kernel's MOEKIT_EXPERTS_DOWN_TAIL
   int half_items_setting = -1;                 // the gate/up kernel's MOEKIT_EXPERTS_HALF_ITEMS
   int self_route_tokens = 0;                   // its MOEKIT_EXPERTS_SELF_ROUTE
-  int l2_acts_tokens = 0;                      // both's MOEKIT_EXPERTS_L2_ACTS
+  int l2_acts_tokens = -1;                     // both's MOEKIT_EXPERTS_L2_ACTS (-1: the rule)
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
