@@ -20,9 +20,10 @@
 #include <cmath>
 #include <fstream>
 #include <initializer_list>
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -208,6 +209,30 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 
 // Every expert-kernel variant (experts.h), by its MOEKIT_EXPERTS_KERNEL name.
 constexpr const char* kExpertKernels[] = {"regs", "regs-early", "bulk", "persistent"};
+
+// Environment variable `name` set to `value` for this object's lifetime, then restored (or unset)
+// as it was, also when an assertion leaves the test early.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* before = std::getenv(name);
+    if (before != nullptr) before_ = before;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (before_) {
+      setenv(name_.c_str(), before_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> before_;
+};
 
 // The layer with its expert kernels forced to `variant` (read once, at layer creation).
 std::unique_ptr<cuda::GpuMoeLayer> create_with_kernel(const LayerWeights& w,
@@ -454,6 +479,43 @@ TEST(GpuLayer, TraceRecordsTheKernelTimelineInOrder) {
 
 // Qwen2-57B (shared experts, fused and not) at 3 and 32 tokens; Qwen3-30B-A3B at one token, where
 // the gate/up kernel routes the token itself and zeroes its own work counter for the next replay.
+// The forward captured in a CUDA graph and replayed three times (y poisoned before each) gives
+// the eager forward's y bit for bit.
+void expect_graph_replay_equals_forward(cuda::GpuMoeLayer& gpu, const MoeSpec& spec, int tokens,
+                                        FuseShared fuse, int seed) {
+  const std::vector<Bf16> x = random_x(tokens, spec.hidden, seed);
+  const ForwardResult ref = gpu.forward(x.data(), tokens, fuse);
+  const size_t n = static_cast<size_t>(tokens) * spec.hidden;
+  void *dx = nullptr, *dy = nullptr;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, n * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, n * 2), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dx, x.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  gpu.forward_device(dx, dy, tokens, fuse, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 3; ++rep) {
+    ASSERT_EQ(cudaMemset(dy, 0xff, n * 2), cudaSuccess);  // NaN poison
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<Bf16> y(n);
+    ASSERT_EQ(cudaMemcpy(y.data(), dy, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bf16_to_float(y[i]), ref.y[i])
+          << "replay " << rep << " element " << i << " fuse=" << fuse_shared_name(fuse);
+    }
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  EXPECT_EQ(cudaFree(dx), cudaSuccess);
+  EXPECT_EQ(cudaFree(dy), cudaSuccess);
+}
+
 TEST(GpuLayer, GraphReplayMatchesForward) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -470,37 +532,7 @@ TEST(GpuLayer, GraphReplayMatchesForward) {
     for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
       if (fuse == FuseShared::On && spec.shared_intermediate == 0) continue;  // (the same path)
       for (int tokens : c.tokens) {
-        const std::vector<Bf16> x = random_x(tokens, spec.hidden, 8);
-        const ForwardResult ref = gpu->forward(x.data(), tokens, fuse);
-        const size_t n = static_cast<size_t>(tokens) * spec.hidden;
-        void *dx = nullptr, *dy = nullptr;
-        cudaStream_t stream = nullptr;
-        ASSERT_EQ(cudaMalloc(&dx, n * 2), cudaSuccess);
-        ASSERT_EQ(cudaMalloc(&dy, n * 2), cudaSuccess);
-        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(dx, x.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        gpu->forward_device(dx, dy, tokens, fuse, stream);
-        ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-        for (int rep = 0; rep < 3; ++rep) {
-          ASSERT_EQ(cudaMemset(dy, 0xff, n * 2), cudaSuccess);  // NaN poison
-          ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-          std::vector<Bf16> y(n);
-          ASSERT_EQ(cudaMemcpy(y.data(), dy, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-          for (size_t i = 0; i < n; ++i) {
-            ASSERT_EQ(bf16_to_float(y[i]), ref.y[i])
-                << "replay " << rep << " element " << i << " fuse=" << fuse_shared_name(fuse);
-          }
-        }
-        EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-        EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-        EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-        EXPECT_EQ(cudaFree(dx), cudaSuccess);
-        EXPECT_EQ(cudaFree(dy), cudaSuccess);
+        expect_graph_replay_equals_forward(*gpu, spec, tokens, fuse, 8);
       }
     }
   }
@@ -516,12 +548,18 @@ TEST(GpuLayer, AtMostFourLaunchesWhenFused) {
     std::printf("T=%d: fused %d kernels, unfused %d kernels\n", tokens, fused.kernels,
                 unfused.kernels);
     if (tokens <= 8) EXPECT_LE(fused.kernels, 4) << "T=" << tokens;
-    EXPECT_EQ(unfused.kernels, fused.kernels + 2) << "T=" << tokens;
+    if (tokens < cuda::experts_shared_dense_tokens()) {
+      EXPECT_EQ(unfused.kernels, fused.kernels + 2) << "T=" << tokens;  // its gate/up and down
+    } else {
+      // (the dense shared MLP: cuBLAS' GEMMs, >= 1 kernel each, and the activation)
+      EXPECT_GE(unfused.kernels, fused.kernels + 3) << "T=" << tokens;
+    }
     std::printf("T=%d: %d non-kernel graph nodes (fused)\n", tokens, fused.other_nodes);
   }
 }
 
-// The persistent expert variant: gate/up and down are one launch (3 per fused layer).
+// The persistent expert variant: gate/up and down are one launch (3 per fused layer; unfused,
+// with the expert kernels for the shared MLP below MOEKIT_SHARED_DENSE's tokens, 5).
 TEST(GpuLayer, PersistentExpertsTakeOneLaunch) {
   SKIP_WITHOUT_GPU();
   const MoeSpec spec = small_spec("deepseek-v3");
@@ -529,10 +567,12 @@ TEST(GpuLayer, PersistentExpertsTakeOneLaunch) {
   cuda::GpuLayerOptions opt;
   opt.max_tokens = 128;
   const auto gpu = create_with_kernel(*w, opt, "persistent");
-  for (int tokens : {1, 8, 128}) {
+  for (int tokens : {1, 7}) {
     EXPECT_EQ(gpu->count_launches(tokens, true).kernels, 3) << "T=" << tokens;
     EXPECT_EQ(gpu->count_launches(tokens, false).kernels, 5) << "T=" << tokens;
   }
+  EXPECT_EQ(gpu->count_launches(128, true).kernels, 3);
+  EXPECT_GE(gpu->count_launches(128, false).kernels, 3 + 3);  // (the dense shared MLP)
 }
 
 TEST(GpuLayer, RejectsTooManyTokensAndNonFiniteInput) {
@@ -836,6 +876,42 @@ TEST(GpuLayerSmall, BulkWeightsOnlyRingWideRows) {
   unsetenv("MOEKIT_EXPERTS_DOWN_TAIL");
 }
 
+// The unfused shared MLP as dense cuBLAS GEMMs (MOEKIT_SHARED_DENSE, src/cuda/layer/shared_dense.h)
+// for each kind of shared expert: DeepSeek-V3's (SiLU), DeepSeek-V4-Flash's (clamped SiLU),
+// Qwen2-57B-A14B's (sigmoid-gated, twice the routed width) and MiniMax-M3's (swigluoai). Against
+// the CPU reference (the sums' order differs from the expert kernels', so not bit for bit), below
+// and from its token limit, and captured in a CUDA graph (cuBLAS with its fixed workspace) equal
+// to the eager forward.
+TEST(GpuLayerSmall, SharedDenseMlp) {
+  SKIP_WITHOUT_GPU();
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 40;
+  for (const char* model : {"deepseek-v3", "deepseek-v4-flash", "qwen2-57b-a14b", "minimax-m3"}) {
+    SCOPED_TRACE(model);
+    const MoeSpec spec = small_spec(model, 256, 16, 128);
+    ASSERT_GT(spec.shared_intermediate, 0);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 73);
+    const auto gpu = [&] {
+      const ScopedEnv dense("MOEKIT_SHARED_DENSE", "9");
+      return cuda::GpuMoeLayer::create(*w, opt);
+    }();
+    for (int t : {1, 9, 40}) {
+      const std::vector<Bf16> x = random_x(t, spec.hidden, 160 + t);
+      const ForwardResult g = gpu->forward(x.data(), t, FuseShared::Off);
+      expect_layer_matches_cpu(spec, *w, x.data(), t, g, FuseShared::Off,
+                               spec.name + " T=" + std::to_string(t) + " MOEKIT_SHARED_DENSE=9");
+    }
+    expect_graph_replay_equals_forward(*gpu, spec, 40, FuseShared::Off, 165);
+    // the dense path taken: cuBLAS' GEMMs (>= 1 kernel each) and the activation kernel in place
+    // of the two expert kernels
+    const auto plain = [&] {
+      const ScopedEnv never("MOEKIT_SHARED_DENSE", "0");
+      return cuda::GpuMoeLayer::create(*w, opt);
+    }();
+    EXPECT_GE(gpu->count_launches(40, false).kernels, plain->count_launches(40, false).kernels + 1);
+  }
+}
+
 // The bulk kernels' instances that keep weight rows read again by the expert's next task in L2
 // (experts_l2_keep, forced here from 1 token at this small hidden size): a cache hint only, so
 // bit for bit the same output; at 40 tokens over 16 experts most experts have two tasks, and the
@@ -1027,7 +1103,13 @@ TEST(GpuLayerRealShape, DeepSeekV3MatchesCpuReference) {
   opt.max_tokens = 9;
   const auto gpu = cuda::GpuMoeLayer::create_random(spec, layer, 21, opt);
   const auto w = make_random_weights(spec, layer, 21);  // lazy: only touched experts are made
-  // (9: the down kernel's dynamic tail, experts_down_tail, which needs >= 7168 rows)
+  // auto: fused up to 16 tokens; from 17 its slots would read the 88 MB of shared weights three
+  // times (the dense shared MLP exists from 8 tokens, so at 9 too)
+  EXPECT_TRUE(gpu->resolve_fused(FuseShared::Auto, 9));
+  EXPECT_TRUE(gpu->resolve_fused(FuseShared::Auto, 16));
+  EXPECT_FALSE(gpu->resolve_fused(FuseShared::Auto, 17));
+  // (9: the down kernel's dynamic tail, experts_down_tail, which needs >= 7168 rows; unfused,
+  // the dense shared MLP)
   for (int tokens : {1, 7, 9}) {
     const std::vector<Bf16> x = random_x(tokens, spec.hidden, 30 + tokens);
     for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
@@ -1273,6 +1355,40 @@ TEST(ExpertsVariant, SharedFirstParsesATokenCountAndNamesABadOne) {
   expect_env_int_knob("MOEKIT_EXPERTS_SHARED_FIRST", cuda::experts_shared_first_tokens,
                       {0, 8, 4096}, {"-1", "yes", "8 tokens", "99999999999"},
                       "a token count, 0 (never) to 1048576");
+}
+
+TEST(ExpertsVariant, SharedDenseParsesATokenCountAndNamesABadOne) {
+  unsetenv("MOEKIT_SHARED_DENSE");
+  EXPECT_EQ(cuda::experts_shared_dense_tokens(), 8);  // the measured default
+  expect_env_int_knob("MOEKIT_SHARED_DENSE", cuda::experts_shared_dense_tokens, {0, 1, 32, 4096},
+                      {"-1", "yes", "8 tokens", "99999999999"},
+                      "a token count, 0 (never) to 1048576");
+}
+
+// auto's rule, at the shapes it was measured on: the dense shared MLP once the fused slots' tasks
+// of 8 tokens (16 above 256) read its weights again 100 MB or more.
+TEST(ExpertsVariant, SharedDenseOverFusedByTheBytesReadAgain) {
+  constexpr long long kDeepSeekV3 = 3LL * 2048 * 7168 * 2;       // 88 MB
+  constexpr long long kGlm45 = 3LL * 1536 * 5120 * 2;            // 47 MB
+  constexpr long long kDeepSeekV4Flash = 3LL * 2048 * 4096 * 2;  // 50 MB
+  constexpr long long kDeepSeekV2Lite = 3LL * 2816 * 2048 * 2;   // 35 MB (two slots)
+  constexpr long long kQwen2 = 3LL * 20480 * 3584 * 2;           // 440 MB (eight slots)
+  for (int t : {1, 8}) EXPECT_FALSE(cuda::experts_shared_dense_over_fused(t, 8, kQwen2)) << t;
+  EXPECT_TRUE(cuda::experts_shared_dense_over_fused(9, 8, kQwen2));
+  for (int t : {9, 16}) EXPECT_FALSE(cuda::experts_shared_dense_over_fused(t, 8, kDeepSeekV3)) << t;
+  for (int t : {17, 24, 32, 128, 256}) {
+    EXPECT_TRUE(cuda::experts_shared_dense_over_fused(t, 8, kDeepSeekV3)) << t;
+  }
+  EXPECT_FALSE(cuda::experts_shared_dense_over_fused(24, 8, kGlm45));
+  EXPECT_TRUE(cuda::experts_shared_dense_over_fused(32, 8, kGlm45));
+  EXPECT_FALSE(cuda::experts_shared_dense_over_fused(16, 8, kDeepSeekV4Flash));
+  EXPECT_TRUE(cuda::experts_shared_dense_over_fused(24, 8, kDeepSeekV4Flash));
+  EXPECT_FALSE(cuda::experts_shared_dense_over_fused(24, 8, kDeepSeekV2Lite));
+  EXPECT_TRUE(cuda::experts_shared_dense_over_fused(32, 8, kDeepSeekV2Lite));
+  // tasks of 16 tokens: 17-32 tokens stream the weights twice, 33-48 three times
+  EXPECT_FALSE(cuda::experts_shared_dense_over_fused(16, 16, kDeepSeekV4Flash));
+  EXPECT_FALSE(cuda::experts_shared_dense_over_fused(32, 16, kDeepSeekV4Flash));
+  EXPECT_TRUE(cuda::experts_shared_dense_over_fused(33, 16, kDeepSeekV4Flash));
 }
 
 TEST(ExpertsVariant, WholeTilesParsesATokenCountAndNamesABadOne) {

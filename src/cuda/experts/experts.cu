@@ -219,6 +219,32 @@ int experts_dynamic_tail_percent() {
   return env_int_in_range("MOEKIT_EXPERTS_TAIL", 35, 0, 100, "a percentage, 0 to 100");
 }
 
+int experts_shared_dense_tokens() {
+  // Measured on the H200 (bench/results/h200/2026-12-01-s19-experiments, run 2: the unfused
+  // shared MLP as dense GEMMs against it through these kernels, same run): from 8 tokens
+  // 0.989-0.998 on all eight shared-expert models, 0.95-0.99 at 16-64 (DeepSeek-V2-Lite 0.86 and
+  // Qwen2-57B-A14B 0.67 at 64); at one token 1.002-1.056 (three launches for one token's GEMVs).
+  return env_int_in_range("MOEKIT_SHARED_DENSE", 8, 0, 1 << 20,
+                          "a token count, 0 (never) to 1048576");
+}
+
+bool experts_shared_dense_over_fused(int tokens, int chunk, long long shared_weight_bytes) {
+  // The fused slots stream the shared weights once per task of `chunk` tokens, all but the first
+  // from L2; dense GEMMs stream them once, for three launches and cuBLAS' smaller GEMMs.
+  // Measured on the H200 (bench/results/h200/2026-12-01-s19-experiments, runs 1-3, dense against
+  // fused in one run; the 4.54 TB/s kind, then the 4.63 one): dense wins once those re-streams
+  // pass ~100 MB. DeepSeek-V3 / Kimi-K2 (88 MB each): 16 tokens 0.997 / 0.999, then 1.008-1.009
+  // / 1.006-1.010 (fused stays); 24 0.991 / 0.992, then 1.001-1.002 / 1.003; 32 0.996-1.001 /
+  // 0.998-1.006, then 0.996-0.999 / 0.999-1.000; 64 0.983-0.989 / 0.988-0.991, then 0.995 / 0.994;
+  // 128 0.982-0.984 / 0.984-0.989, then 0.986 / 0.988; 256 0.945 / 0.965-0.969, then 0.932 / 0.977.
+  // GLM-4.5 (47 MB) 16 0.999, 24 0.988, 128 0.96; DeepSeek-V4-Flash (50 MB) 16 1.003, 24 0.994;
+  // DeepSeek-V2-Lite (two 17 MB slots) 16 1.032, 24 1.007, 32 0.983; MiniMax-M3 (113 MB) 16 0.993;
+  // Qwen2-57B-A14B (440 MB, eight slots) 8 1.010, 16 0.923 / 0.927, 64 0.62.
+  constexpr long long kDenseFromReStreamedBytes = 100'000'000;
+  const long long re_streams = (tokens + chunk - 1) / chunk - 1;
+  return re_streams * shared_weight_bytes >= kDenseFromReStreamedBytes;
+}
+
 int experts_down_split_tokens() {
   // Measured on the H200 (bench/results/h200/2026-11-30-s9-experiments): the down kernel's
   // 4 KB weight rows in two 2 KB copies, off / on twice in one run (run 5): DeepSeek-V3 T=1

@@ -240,6 +240,15 @@ int experts_gate_up_half_items(int tokens, int hidden, int chunk, int forced, in
 // its wait for the dispatch: MOEKIT_EXPERTS_SHARED_FIRST=0.. when set (0: never; read at each
 // call; layers call once, at creation), else the measured default.
 int experts_shared_first_tokens();
+// The fewest tokens from which the layer's unfused shared MLP runs as two dense cuBLAS GEMMs
+// (src/cuda/layer/shared_dense.h: its weights stream once) in place of the expert kernels (which
+// stream them once per task of <= 8 tokens): MOEKIT_SHARED_DENSE=0.. when set (0: never; read at
+// each call; layers call once, at creation), else the measured default, 8.
+int experts_shared_dense_tokens();
+// Whether the shared MLP as dense GEMMs beats its fused slots at `tokens` (tasks of `chunk`
+// tokens; the shared MLP's weights shared_weight_bytes): by the bytes the fused slots stream
+// again from L2 (fuse_shared = auto's rule where the dense path is available).
+bool experts_shared_dense_over_fused(int tokens, int chunk, long long shared_weight_bytes);
 // The most tokens (0 or 1) at which the layer runs no routing kernel for models without shared
 // experts (E <= 128): the bulk gate/up kernel routes its one token from the logits itself
 // (route_token, the routing kernel's code: the same ids), each CTA for its producers, CTA 0 also

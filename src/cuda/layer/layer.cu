@@ -9,14 +9,16 @@
 //   4. down + combine     y[T, H] = sum_slots w * (h W2^T + b2), deterministic, bf16
 //   (3+4 are one persistent launch with the Persistent expert variant: experts.h)
 //
-// Fused (the default when the spec can fuse): the shared MLP is S more experts E..E+S-1 whose
-// slots every token routes to, so it rides in launches 3-4. Unfused (the baseline): launches
-// 2a/2b run the shared MLP [T, Is] as one dense "expert" of width Is through the same kernels,
-// and the combine of launch 4 adds shared_scale[t] * its output after the routed slots.
+// Fused: the shared MLP is S more experts E..E+S-1 whose slots every token routes to, so it
+// rides in launches 3-4. Unfused (the baseline): the shared MLP [T, Is] runs on its own, and the
+// combine of launch 4 adds shared_scale[t] * its output after the routed slots: from 8 tokens as
+// dense cuBLAS GEMMs before launch 1 (shared_dense.h: three launches, its weights read once),
+// below that as launches 2a/2b, one dense "expert" of width Is through the expert kernels.
 //
-// fuse_shared = auto picks fused whenever the spec can fuse: in this design fusion adds no launch
-// and the shared weights are read once either way, so fused is never slower by construction; the
-// benchmark (`moekit bench --device cuda`) measures both side by side to confirm it per batch.
+// fuse_shared = auto picks fused while the spec can fuse and its slots' tasks of 8 tokens do not
+// read the shared weights again too often (each task streams them whole: from L2 after the
+// first), else unfused (experts_shared_dense_over_fused; by the measured re-streamed bytes). The
+// benchmark (`moekit bench --device cuda`) measures both side by side per batch.
 //
 // Weights on the device: stacked w13 [E+S, 2I, H], w2 [E+S, H, I] (slots repacked from the
 // shared MLP as in src/io/lazy_experts.h), biases [E+S, 2I] / [E+S, H] (zero for the slots), and
@@ -27,6 +29,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +38,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/experts/experts.h"
 #include "cuda/layer/random_fill.h"
+#include "cuda/layer/shared_dense.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "cuda/routing/routing.h"
 #include "io/random_weight_values.h"
@@ -106,6 +110,8 @@ struct GpuMoeLayer::Impl {
   int half_items_setting = -1;                 // the gate/up kernel's MOEKIT_EXPERTS_HALF_ITEMS
   int self_route_tokens = 0;                   // its MOEKIT_EXPERTS_SELF_ROUTE
   int l2_acts_tokens = -1;                     // both's MOEKIT_EXPERTS_L2_ACTS (-1: the rule)
+  int shared_dense_tokens = 0;                 // MOEKIT_SHARED_DENSE (0: never)
+  std::unique_ptr<SharedDenseMlp> shared_dense;  // the unfused shared MLP's cuBLAS GEMMs
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
 
   // weights
@@ -334,6 +340,10 @@ struct GpuMoeLayer::Impl {
     half_items_setting = experts_gate_up_half_items_setting();
     self_route_tokens = experts_self_route_tokens();
     l2_acts_tokens = experts_l2_acts_tokens();
+    shared_dense_tokens = has_shared ? experts_shared_dense_tokens() : 0;
+    if (shared_dense_tokens > 0 && shared_dense_tokens <= opt.max_tokens) {
+      shared_dense = std::make_unique<SharedDenseMlp>(opt.max_tokens, H, Is);
+    }
     const int chunks[2] = {8, 16};
     for (int v = 0; v < kExpertsStreams; ++v) {
       const auto sk = static_cast<ExpertsStream>(v);
@@ -355,6 +365,13 @@ struct GpuMoeLayer::Impl {
 
   static constexpr int kUnfusedFromTokensWithManySlots = 32;
 
+  // Whether an unfused forward of `tokens` runs the shared MLP as dense GEMMs (shared_dense.h)
+  bool dense_shared_at(int tokens) const {
+    return shared_dense != nullptr && tokens >= shared_dense_tokens;
+  }
+
+  long long shared_weight_bytes() const { return 3LL * Is * H * 2; }  // bf16 gate, up, down
+
   bool resolve_fused(FuseShared fuse, int tokens) const {
     if (!has_shared) return false;
     switch (fuse) {
@@ -366,11 +383,19 @@ struct GpuMoeLayer::Impl {
       case FuseShared::Off:
         return false;
       case FuseShared::Auto:
-        // Measured on the H200 (bench/results/h200/2026-11-30-run6-final): one fused slot
-        // (DeepSeek-V3, Kimi-K2) is never slower than unfused, at any batch up to 256; Qwen2-57B's
-        // 8 slots are 2-8% slower from 32 tokens (each slot is split into T/8 tasks that re-read
-        // it), even at 16. So: fuse, except several slots at >= 32 tokens.
-        return can_fuse && !(S > 1 && tokens >= kUnfusedFromTokensWithManySlots);
+        if (!can_fuse) return false;
+        // fused, until its slots' tasks stream the shared weights again often enough that the
+        // dense GEMMs win (experts_shared_dense_over_fused: measured on eight models)
+        if (dense_shared_at(tokens)) {
+          return !experts_shared_dense_over_fused(tokens, experts_chunk(tokens),
+                                                  shared_weight_bytes());
+        }
+        // Without the dense path (MOEKIT_SHARED_DENSE=0): measured on the H200
+        // (bench/results/h200/2026-11-30-run6-final): one fused slot (DeepSeek-V3, Kimi-K2) is
+        // never slower than the unfused expert kernels, at any batch up to 256; Qwen2-57B's 8
+        // slots are 2-8% slower from 32 tokens (each slot is split into T/8 tasks that re-read
+        // it). So: fuse, except several slots at >= 32 tokens.
+        return !(S > 1 && tokens >= kUnfusedFromTokensWithManySlots);
     }
     return false;
   }
@@ -420,7 +445,22 @@ struct GpuMoeLayer::Impl {
     const int vi = static_cast<int>(sk);
     const bool one_expert_launch = sk == ExpertsStream::Persistent;
     const bool shared_unfused = has_shared && !fused;
+    // the unfused shared MLP as dense GEMMs (its weights stream once), else its own expert tasks
+    const bool dense_shared = shared_unfused && dense_shared_at(tokens);
     auto* ctr = counters.as<DispatchCounters>();
+
+    // 0. the dense shared MLP: it needs x only, so it goes first and leaves the chain of
+    // programmatic launches from the router GEMM to the down kernel as it is
+    if (dense_shared) {
+      SharedActivation act;
+      act.activation = spec.activation;
+      act.limit = spec.swiglu_limit;
+      act.alpha = spec.swiglu_alpha;
+      act.beta = spec.swiglu_beta;
+      shared_dense->forward(static_cast<const __nv_bfloat16*>(x), shared_w13.as<__nv_bfloat16>(),
+                            shared_w2.as<__nv_bfloat16>(), tokens, act,
+                            shared_h.as<__nv_bfloat16>(), shared_partial.as<float>(), st);
+    }
 
     // 1. router GEMM
     RouterGemmProblem rg;
@@ -448,7 +488,7 @@ struct GpuMoeLayer::Impl {
     rp.chunk = chunk;
     rp.pair_list = pair_list.as<int>();
     rp.tasks = tasks.as<ExpertTask>();
-    rp.shared_tasks = shared_unfused ? shared_tasks.as<ExpertTask>() : nullptr;
+    rp.shared_tasks = shared_unfused && !dense_shared ? shared_tasks.as<ExpertTask>() : nullptr;
     rp.counters = ctr;
     rp.tile_counters = tile_counters.as<int>();
     rp.num_tile_counters = H / 16 + (down_tail > 0 ? 1 : 0);  // (+ its CTAs done)
@@ -458,7 +498,7 @@ struct GpuMoeLayer::Impl {
     if (!self_route) launch_routing(rp, st);
 
     // 2a/2b. unfused shared MLP as its own GEMMs: one dense "expert" of width Is
-    if (shared_unfused) {
+    if (shared_unfused && !dense_shared) {
       ExpertsParams g = experts_common(l2_keep, half_items);
       g.w = shared_w13.as<__nv_bfloat16>();
       g.inter = Is;

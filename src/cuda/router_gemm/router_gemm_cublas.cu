@@ -12,43 +12,12 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda/cublas_check.h"
 #include "cuda/router_gemm/router_gemm_launch.h"
 
 namespace moekit::cuda::router_gemm_detail {
 
 namespace {
-
-const char* cublas_status_name(cublasStatus_t s) {
-  switch (s) {
-    case CUBLAS_STATUS_SUCCESS:
-      return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-      return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED:
-      return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH:
-      return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR:
-      return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED:
-      return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR:
-      return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-      return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default:
-      return "CUBLAS_STATUS_(unknown)";
-  }
-}
-
-#define MK_CUBLAS_CHECK(stmt)                                                          \
-  do {                                                                                 \
-    const cublasStatus_t mk_cublas_status_ = (stmt);                                   \
-    MK_CHECK(mk_cublas_status_ == CUBLAS_STATUS_SUCCESS,                               \
-             "cuBLAS call '" #stmt "' failed: " << cublas_status_name(mk_cublas_status_)); \
-  } while (0)
 
 constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS' recommendation for Hopper
 
@@ -125,6 +94,9 @@ void launch_router_gemm_cublas(const RouterGemmProblem& p, cudaStream_t stream) 
   const size_t mk = static_cast<size_t>(p.m) * p.k;
   CublasState& s = state(f32 ? mk : 0, stream);
   MK_CUBLAS_CHECK(cublasSetStream(s.handle, stream));
+  // (cublasSetStream resets the handle to cuBLAS' default workspace pool, which may allocate:
+  // not inside a graph capture)
+  MK_CUBLAS_CHECK(cublasSetWorkspace(s.handle, s.workspace, kWorkspaceBytes));
   const void* b = p.x;
   cudaDataType_t type = CUDA_R_16BF;
   if (f32) {
