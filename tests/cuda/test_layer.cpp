@@ -477,8 +477,6 @@ TEST(GpuLayer, TraceRecordsTheKernelTimelineInOrder) {
   }
 }
 
-// Qwen2-57B (shared experts, fused and not) at 3 and 32 tokens; Qwen3-30B-A3B at one token, where
-// the gate/up kernel routes the token itself and zeroes its own work counter for the next replay.
 // The forward captured in a CUDA graph and replayed three times (y poisoned before each) gives
 // the eager forward's y bit for bit.
 void expect_graph_replay_equals_forward(cuda::GpuMoeLayer& gpu, const MoeSpec& spec, int tokens,
@@ -516,6 +514,8 @@ void expect_graph_replay_equals_forward(cuda::GpuMoeLayer& gpu, const MoeSpec& s
   EXPECT_EQ(cudaFree(dy), cudaSuccess);
 }
 
+// Qwen2-57B (shared experts, fused and not) at 3 and 32 tokens; Qwen3-30B-A3B at one token, where
+// the gate/up kernel routes the token itself and zeroes its own work counter for the next replay.
 TEST(GpuLayer, GraphReplayMatchesForward) {
   SKIP_WITHOUT_GPU();
   struct Case {
