@@ -107,15 +107,21 @@ if has_stage sanitize && [ -x "$CUDA_TESTS" ]; then
   filter="${SANITIZE_FILTER:-*Small*:RouterGemmCuda.Dispatch*:RouterGemmCuda.Graph*}"
   for tool in memcheck racecheck initcheck synccheck; do
     tuning="${MOEKIT_TUNING_FILE:-}"
+    shared_dense="${MOEKIT_SHARED_DENSE:-}"
     tool_filter="$filter"
     if [ "$tool" = racecheck ] || [ "$tool" = initcheck ]; then
       tuning="$naive_router"
+      # and the unfused shared MLP through the expert kernels, not cuBLAS' dense GEMMs (the
+      # default from 8 tokens, experts_shared_dense_tokens; racecheck reported hazards in its
+      # nvjet kernel, session 20)
+      shared_dense=0
       # (gtest: negative patterns follow the first '-')
       case "$filter" in *-*) tool_filter="$filter:" ;; *) tool_filter="$filter-" ;; esac
       tool_filter="${tool_filter}RouterGemmCuda.GraphCaptureAfterWarmUpFromTheSpec"
       tool_filter="${tool_filter}:GpuLayerSmall.SharedDenseMlp"  # (cuBLAS' GEMMs on purpose)
     fi
     timed "sanitizer-$tool" "$LOGS/sanitizer_$tool.log" env MOEKIT_TUNING_FILE="$tuning" \
+      MOEKIT_SHARED_DENSE="$shared_dense" \
       compute-sanitizer --tool "$tool" \
       --error-exitcode 9 "$CUDA_TESTS" --gtest_filter="$tool_filter" --gtest_brief=1
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$LOGS/sanitizer_$tool.log" \
