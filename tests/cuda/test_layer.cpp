@@ -27,6 +27,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -876,6 +877,48 @@ TEST(GpuLayerSmall, BulkWeightsOnlyRingWideRows) {
   unsetenv("MOEKIT_EXPERTS_DOWN_TAIL");
 }
 
+// Both bulk kernels' tasks of up to 16 tokens (experts_task16_ring: chunk 16 through the ring of
+// weights only, each consumer warp running both n-tiles on every weight fragment): bit for bit
+// the output of tasks of 8 (per token the same k blocks in the same order per warp, and an mma's
+// column does not depend on the other columns), and against the CPU reference. 16 experts: at 9
+// tokens tasks of 1-8 tokens (the second n-tile idle), at 40 of 16 and a rest (two tasks per
+// expert), the fused shared expert's of 16, 16 and 8; gate/up and down rows of one 512-byte
+// chunk; fused and unfused. Small enough for racecheck; wider rows below.
+TEST(GpuLayerSmall, BulkTasksOf16Tokens) {
+  SKIP_WITHOUT_GPU();
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 40;
+  const MoeSpec spec = small_spec("deepseek-v3", 256, 16, 256);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 79);
+  expect_knob_values_keep_the_output(spec, *w, opt, "MOEKIT_EXPERTS_TASK16", "0", {"1"},
+                                     {9, 16, 40}, 170);
+}
+
+// The same for wider rows: gate/up rows of several 4 KB chunks with a narrower last (hidden 2240)
+// beside down rows of one (DeepSeek-V3's 4 KB); down rows of several (gpt-oss-120b's 5.6 KB with
+// its clamped activation and biases, Qwen2-57B-A14B's 5 KB with its gated shared expert as two
+// slots, Mixtral's 28 KB over 8 experts: 10 tokens per expert at 40); fused where the model has a
+// shared expert, and unfused.
+TEST(GpuLayerSmall, BulkTasksOf16TokensWideRows) {
+  SKIP_WITHOUT_GPU();
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = 40;
+  const std::tuple<const char*, int, int, int> shapes[] = {{"deepseek-v3", 2240, 16, 2048},
+                                                           {"gpt-oss-120b", 256, 16, 2880},
+                                                           {"qwen2-57b-a14b", 256, 16, 2560},
+                                                           {"mixtral-8x7b", 256, 8, 14336}};
+  for (const auto& [model, hidden, experts, inter] : shapes) {
+    SCOPED_TRACE(model);
+    const MoeSpec spec = small_spec(model, hidden, experts, inter);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 83);
+    for (FuseShared fuse : {FuseShared::Off, FuseShared::On}) {
+      if (fuse == FuseShared::On && spec.shared_intermediate == 0) continue;  // (the same path)
+      expect_knob_keeps_the_output(spec, *w, opt, "MOEKIT_EXPERTS_TASK16", "0", "1", {9, 40}, fuse,
+                                   175);
+    }
+  }
+}
+
 // The unfused shared MLP as dense cuBLAS GEMMs (MOEKIT_SHARED_DENSE, src/cuda/layer/shared_dense.h)
 // for each kind of shared expert: DeepSeek-V3's (SiLU), DeepSeek-V4-Flash's (clamped SiLU),
 // Qwen2-57B-A14B's (sigmoid-gated, twice the routed width) and MiniMax-M3's (swigluoai). Against
@@ -1281,6 +1324,33 @@ TEST(ExpertsVariant, WeightsOnlyRingFromTwoTokensWhileTasksAreShort) {
   EXPECT_FALSE(cuda::experts_l2_acts_ring(4, 8, 768, 8, 128, 128));
 }
 
+TEST(ExpertsVariant, Task16ParsesTokensPerExpertAndNamesABadOne) {
+  unsetenv("MOEKIT_EXPERTS_TASK16");
+  EXPECT_EQ(cuda::experts_task16_setting(), -1);  // the measured rule
+  expect_env_int_knob("MOEKIT_EXPERTS_TASK16", cuda::experts_task16_setting, {0, 1, 16},
+                      {"-1", "on", "6 tokens"}, "routed tokens per expert, 0 (never) to 1048576");
+}
+
+TEST(ExpertsVariant, TasksOf16TokensFrom8RoutedTokensPerExpertUnlessForced) {
+  // the default (-1): from 8 routed tokens per expert on average
+  EXPECT_TRUE(cuda::experts_task16_ring(64, 8, 64, -1));  // Qwen2-57B-A14B: -11.5%
+  EXPECT_FALSE(cuda::experts_task16_ring(63, 8, 64, -1));
+  EXPECT_TRUE(cuda::experts_task16_ring(32, 2, 8, -1));      // Mixtral-8x7B: -13.8%
+  EXPECT_TRUE(cuda::experts_task16_ring(128, 8, 128, -1));   // Qwen3-30B-A3B: -6.6%
+  EXPECT_FALSE(cuda::experts_task16_ring(96, 8, 128, -1));   // 6 per expert: +2.5%
+  EXPECT_TRUE(cuda::experts_task16_ring(256, 8, 256, -1));   // DeepSeek-V3: -4.5%
+  EXPECT_FALSE(cuda::experts_task16_ring(192, 8, 256, -1));  // 6 per expert: -0.4%, noise
+  EXPECT_FALSE(cuda::experts_task16_ring(256, 8, 384, -1));  // Kimi-K2: 5.3 per expert
+  // MOEKIT_EXPERTS_TASK16=N: from N routed tokens per expert on average
+  EXPECT_TRUE(cuda::experts_task16_ring(16, 8, 64, 2));   // Qwen2-57B-A14B: 2 per expert
+  EXPECT_FALSE(cuda::experts_task16_ring(15, 8, 64, 2));  // 1.9
+  EXPECT_TRUE(cuda::experts_task16_ring(32, 8, 256, 1));  // DeepSeek-V3: 1 per expert
+  EXPECT_FALSE(cuda::experts_task16_ring(31, 8, 256, 1));
+  EXPECT_FALSE(cuda::experts_task16_ring(8, 2, 8, 1));    // 8 tokens fill one task of 8
+  EXPECT_TRUE(cuda::experts_task16_ring(1024, 2, 8, 1));  // (where the bulk kernels run)
+  EXPECT_FALSE(cuda::experts_task16_ring(128, 2, 8, 0));  // turned off
+}
+
 TEST(ExpertsVariant, L2KeepFromParsesATokenCountAndNamesABadOne) {
   unsetenv("MOEKIT_EXPERTS_L2_KEEP_FROM");
   EXPECT_EQ(cuda::experts_l2_keep_from_tokens(), -1);
@@ -1414,15 +1484,21 @@ TEST(ExpertsVariant, DownGridTakesWholeTilesOnlyWithFewIdleSMs) {
 
 TEST(ExpertsVariant, DefaultIsTheBulkKernelAtDecodeBatches) {
   // the limits measured on the H200 (experts.cu): the bulk kernel up to 256 tokens; above, the
-  // register kernels (activations early for large experts, H >= 4096)
+  // register kernels with the activations early for large experts (H >= 4096), and below that
+  // the bulk kernel again where its tasks of 16 tokens apply (else the register kernels)
   using cuda::ExpertsStream;
   for (int hidden : {2048, 2880, 7168}) {
-    EXPECT_EQ(cuda::experts_stream_default(hidden, 1), ExpertsStream::Bulk) << hidden;
-    EXPECT_EQ(cuda::experts_stream_default(hidden, 128), ExpertsStream::Bulk) << hidden;
-    EXPECT_EQ(cuda::experts_stream_default(hidden, 256), ExpertsStream::Bulk) << hidden;
+    for (bool tasks_of_16 : {false, true}) {
+      EXPECT_EQ(cuda::experts_stream_default(hidden, 1, tasks_of_16), ExpertsStream::Bulk);
+      EXPECT_EQ(cuda::experts_stream_default(hidden, 128, tasks_of_16), ExpertsStream::Bulk);
+      EXPECT_EQ(cuda::experts_stream_default(hidden, 256, tasks_of_16), ExpertsStream::Bulk);
+    }
   }
-  EXPECT_EQ(cuda::experts_stream_default(7168, 257), ExpertsStream::RegistersEarlyActs);
-  EXPECT_EQ(cuda::experts_stream_default(2048, 257), ExpertsStream::Registers);
+  EXPECT_EQ(cuda::experts_stream_default(7168, 257, true), ExpertsStream::RegistersEarlyActs);
+  EXPECT_EQ(cuda::experts_stream_default(4096, 1024, true), ExpertsStream::RegistersEarlyActs);
+  EXPECT_EQ(cuda::experts_stream_default(2048, 257, true), ExpertsStream::Bulk);
+  EXPECT_EQ(cuda::experts_stream_default(3584, 1024, true), ExpertsStream::Bulk);
+  EXPECT_EQ(cuda::experts_stream_default(2048, 257, false), ExpertsStream::Registers);
 }
 
 }  // namespace

@@ -1,13 +1,14 @@
 // Launch code of the grouped expert kernels (experts_bulk_kernel.cuh, experts_kernel.cuh): the
-// variant table, the persistent grid size, the launch. Twenty-nine kernel instances in all (CI
-// compiles them on two cores): 18 bulk, 2 persistent, 9 register kernels.
+// variant table, the persistent grid size, the launch. Thirty-one kernel instances in all (CI
+// compiles them on two cores): 20 bulk, 2 persistent, 9 register kernels.
 //
 // Variants, chosen per forward by experts_stream_default (measured) unless
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent forces one at layer creation:
 //   bulk (decode batches): experts_bulk_kernel.cuh, weights and activations by bulk copies into a
 //     ring of shared-memory stages, consumer / 2 producer / epilogue warps (one CTA of 11 warps
 //     and ~210 KB of shared memory per SM); chunk 8: 2 stages of 16 x 4 KB of weights, chunk 16:
-//     5 stages of 16 x 1 KB.
+//     5 stages of 16 x 1 KB, or (ring 4, experts_task16_ring) 3 stages of 16 x 4 KB of weights
+//     only, which also runs above 256 tokens on experts of hidden < 4096.
 //   persistent (opt-in): the bulk kernel's warps running gate/up and then down in ONE grid of
 //     resident CTAs (experts_bulk_fused_kernel): a CTA's down items wait per task on the gate/up
 //     completion counters instead of a kernel boundary; 3 launches per fused layer. Measured on
@@ -24,7 +25,9 @@
 // Chunk 8 up to 256 tokens. At decode an expert rarely holds more than 8 tokens (DeepSeek-V3 at
 // T=128 averages 4), and an expert's further chunks (the shared expert's at every T > 8) are
 // adjacent work items that re-read its rows: from L2 where the rows outlive the items streamed
-// in between, which on wide experts takes the L2 keep (experts_l2_keep). MOEKIT_EXPERTS_CHUNK=8|16
+// in between, which on wide experts takes the L2 keep (experts_l2_keep). But where experts
+// average 8 routed tokens or more, the bulk kernels take chunk 16 (experts_task16_ring: those
+// re-reads then cost more than the ring of weights only's two n-tiles). MOEKIT_EXPERTS_CHUNK=8|16
 // overrides (read once, for measurements).
 #include <cuda_runtime.h>
 
@@ -59,7 +62,7 @@ struct Variant {
 // ones; gate/up: 3 the one-token one; both: 4 the ring of weights only)
 int smem_bytes(ExpertsStream stream_kind, int chunk, int ring = 0) {
   if (stream_kind != ExpertsStream::Bulk && stream_kind != ExpertsStream::Persistent) return 0;
-  if (chunk != 8) return bulk_smem_bytes<2>();
+  if (chunk != 8) return ring == 4 ? bulk_smem_bytes<2, 4>() : bulk_smem_bytes<2>();
   switch (ring) {
     case 1:
       return bulk_smem_bytes<1, 1>();
@@ -143,6 +146,11 @@ Variant kernel_for(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k
                   kBulkThreads};
         }
         return {gate_up ? experts_bulk_kernel<true, 1> : experts_bulk_kernel<false, 1>,
+                kBulkThreads};
+      }
+      if (ring == 4) {  // tasks of up to 16 tokens through weights-only stages (no twins)
+        return {gate_up ? experts_bulk_kernel<true, 2, false, 4>
+                        : experts_bulk_kernel<false, 2, false, 4>,
                 kBulkThreads};
       }
       return {gate_up ? experts_bulk_kernel<true, 2> : experts_bulk_kernel<false, 2>,
@@ -337,6 +345,28 @@ bool experts_l2_acts_ring(int tokens, int chunk, int inter, int top_k, int exper
   return chunk == 8 && tokens >= 2 && within && (tokens >= 8 || inter > 1024);
 }
 
+int experts_task16_setting() {
+  return env_int_in_range("MOEKIT_EXPERTS_TASK16", -1, 0, 1 << 20,
+                          "routed tokens per expert, 0 (never) to 1048576");
+}
+
+bool experts_task16_ring(int tokens, int top_k, int experts, int setting) {
+  // Measured on the H200 (bench/results/h200/2026-12-01-s20-experiments, runs 1-2: forced from 1
+  // routed token per expert against never, same run, `auto`): at 8 per expert every model gains,
+  // Mixtral-8x7B -13.8% (32 tokens), Qwen2-57B-A14B -11.5% (64), Qwen3-30B-A3B -6.6% (128),
+  // DeepSeek-V3 -4.5% (256), gpt-oss-120b -20.8% (256), and more above (Qwen2-57B-A14B -31 / -37%
+  // at 16 / 32 per expert, Mixtral -23 / -28%, Qwen3-30B-A3B -20% at 16); at 6-6.4 it is mixed
+  // (GLM-4.5 -1.8% at 6.4, 0.2% at 6; DeepSeek-V3 -0.4% at 6; Qwen3-30B-A3B +2.5% at 6), and
+  // at 1-5 per expert it loses (DeepSeek-V3 +0.6..+2.4%, GLM-4.5 +1.1..+5.5%, Qwen3-30B-A3B
+  // +5.9..+8.8%, gpt-oss-120b +2.2..+4.7%, Qwen2-57B-A14B +2.9 / +3.8% at 2 / 4): the ring of
+  // weights only loses with more tokens per task (experts.h, experts_l2_acts_ring) until the
+  // re-streams it saves outweigh that.
+  constexpr int kFromTokensPerExpert = 8;
+  const int from = setting >= 0 ? setting : kFromTokensPerExpert;
+  if (from == 0 || tokens <= 8) return false;
+  return static_cast<long long>(tokens) * top_k >= static_cast<long long>(from) * experts;
+}
+
 int experts_l2_keep_from_tokens() {
   return env_int_in_range("MOEKIT_EXPERTS_L2_KEEP_FROM", -1, 0, 1 << 20,
                           "a token count, 0 (never) to 1048576");
@@ -408,16 +438,21 @@ int experts_down_grid(int resident, int rows, int tokens, int whole_tile_tokens)
   return whole ? tiles : resident;
 }
 
-ExpertsStream experts_stream_default(int hidden, int tokens) {
+ExpertsStream experts_stream_default(int hidden, int tokens, bool tasks_of_16) {
   // Measured on the H200, each variant forced at every batch in one run
   // (bench/results/h200/2026-11-30-s6-producer-issue/run6, ab.txt): the bulk-copy kernel is the
   // fastest up to 256 tokens for DeepSeek-V3 (T=256: 7484 us against 8054 regs-early, 8962
   // regs) and Qwen3-30B-A3B (T=128: 438 against 588 regs; T=256: 736 against 957), and up to 128
   // for gpt-oss-120b (1570 against 1691 regs-early, 2403 regs; at 256 regs-early is 6% faster,
   // regs 34% slower). Above 256 tokens (chunk 16) the register kernels, as measured before
-  // (2026-11-30-run5-bulk): regs-early for large experts (H >= 4096), regs below.
+  // (2026-11-30-run5-bulk): regs-early for large experts (H >= 4096), regs below; but below
+  // H = 4096 the bulk kernels with tasks of 16 tokens (experts_task16_ring) beat regs
+  // (2026-12-01-s20-experiments, run 2, same run, `auto`): Qwen3-30B-A3B -35 / -35 / -36% at
+  // 384 / 512 / 1024 tokens, gpt-oss-120b -13.5 / -10.5 / -2.6%, Qwen2-57B-A14B -5.6 / -2.8 /
+  // -3.2%; not regs-early (Mixtral-8x7B +24 / +24 / +17%, DeepSeek-V3 +1.1 / +5.8 / +10%).
   if (tokens <= 256) return ExpertsStream::Bulk;
-  return hidden >= 4096 ? ExpertsStream::RegistersEarlyActs : ExpertsStream::Registers;
+  if (hidden >= 4096) return ExpertsStream::RegistersEarlyActs;
+  return tasks_of_16 ? ExpertsStream::Bulk : ExpertsStream::Registers;
 }
 
 namespace {
@@ -482,7 +517,7 @@ int experts_grid(ExpertsKind kind, int chunk, ExpertsStream stream_kind, int k) 
 
 void launch_experts(ExpertsKind kind, int chunk, ExpertsStream stream_kind,
                     const ExpertsParams& p, int grid, cudaStream_t stream) {
-  const int ring = chunk == 8 ? p.ring : 0;
+  const int ring = chunk == 8 || p.ring == 4 ? p.ring : 0;  // (chunk 16: ring 4 or the standard)
   MK_CHECK(ring == 0 || ring == 4 ||
                (kind == ExpertsKind::Down ? ring <= 3 : ring == 3 && p.l2_keep == 0),
            "launch_experts: ring " << ring

@@ -51,7 +51,8 @@ struct ExpertsParams {
   // chunk (experts_gate_up_one_token_ring). Both: 4 the ring of weights only, 3 stages of 4 KB
   // chunks with no activation rows, the consumer warps loading their activation fragments from
   // global memory (L2) themselves (experts_l2_acts_ring; its own instances, with the L2-keeping and
-  // dynamic-tail twins).
+  // dynamic-tail twins). At chunk 16 only 4 exists (tasks of up to 16 tokens through the same
+  // stages, experts_task16_ring), else the ring is ignored there.
   int ring = 0;
   // bulk kernels at chunk 8: 1 for their instance that copies the weight rows of a task whose
   // expert has a next task (ExpertTask::more: that task's item reads the same rows next) with
@@ -117,8 +118,22 @@ enum class ExpertsStream {
 };
 
 // Tokens per task (8 or 16) for `tokens` tokens per forward: the dispatch's chunk and the variant.
-// MOEKIT_EXPERTS_CHUNK=8|16 overrides.
+// MOEKIT_EXPERTS_CHUNK=8|16 overrides. (The bulk kernels may take chunk 16 below 256 tokens too:
+// experts_task16_ring.)
 int experts_chunk(int tokens);
+// The fewest routed tokens per expert, on average (tokens x top_k / experts), at which the bulk
+// kernels run tasks of up to 16 tokens through the ring of weights only (experts_task16_ring):
+// MOEKIT_EXPERTS_TASK16=N when set (0: never; read at each call; layers call once, at creation),
+// else -1: the measured rule.
+int experts_task16_setting();
+// Whether a forward of `tokens` tokens through the bulk kernels runs chunk 16 with
+// ExpertsParams::ring 4 (BulkShape<2, 4>): tasks of up to 16 tokens, so that an expert with 9-16
+// tokens streams its weights once, not twice (the second time mostly from L2, but through the
+// same ring: a task's time is its weight bytes). For `experts` routed experts of which each
+// token takes `top_k`; from 9 tokens (8 fill one chunk-8 task), and at least `setting` (when
+// >= 0) or the rule's routed tokens per expert on average. (The layer asks only where the bulk
+// kernels run: experts_stream_default, or MOEKIT_EXPERTS_KERNEL=bulk.)
+bool experts_task16_ring(int tokens, int top_k, int experts, int setting);
 // The bulk gate/up kernel's dynamic tail (ExpertsParams::dynamic_tail_percent):
 // MOEKIT_EXPERTS_TAIL=0..100 when set (read at each call; layers call once, at creation), else
 // the measured default.
@@ -275,8 +290,11 @@ int experts_down_grid(int resident, int rows, int tokens, int whole_tile_tokens)
 // MOEKIT_EXPERTS_KERNEL=regs|regs-early|bulk|persistent when set (read at each call; layers call
 // once, at creation), else nullopt: the measured default applies.
 std::optional<ExpertsStream> experts_stream_override();
-// The measured default variant for experts of hidden size `hidden` at `tokens` tokens per forward.
-ExpertsStream experts_stream_default(int hidden, int tokens);
+// The measured default variant for experts of hidden size `hidden` at `tokens` tokens per forward,
+// where tasks_of_16 says whether experts_task16_ring holds: the bulk kernels up to 256 tokens;
+// above, the register kernels with the activations loaded early for hidden >= 4096, else the bulk
+// kernels with tasks of 16 tokens (or the register kernels, if tasks of 16 do not apply).
+ExpertsStream experts_stream_default(int hidden, int tokens, bool tasks_of_16);
 constexpr int kExpertsStreams = 4;  // ExpertsStream values, for per-variant tables
 // Persistent grid size (SMs x resident CTAs) of a variant on the current device; also raises the
 // variant's dynamic shared-memory limit. k: the reduction length the launches will have (the

@@ -44,7 +44,7 @@
 // Stage layout: 16 weight rows then kNT * 8 activation rows, each at a pitch of kChunkBlocks *
 // 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks
 // (the one-token rings: one activation row, and no pad, BulkShape<1, 2> and <1, 3>; the ring of
-// weights only, BulkShape<1, 4>: no activation rows, the consumers load theirs from L2).
+// weights only, BulkShape<1, 4> and <2, 4>: no activation rows, the consumers load theirs from L2).
 // PDL: gate/up's producers wait for the dispatch (first issuing the fused shared experts' items,
 // which need nothing from it, up to ExpertsParams::early_shared; measured on the H200: DeepSeek-V3
 // T=1 205.5 -> 199.1 us) and let the down kernel launch; the down kernel's CTAs
@@ -91,9 +91,9 @@ constexpr int kBulkProducerWarps = 2;  // filling alternate ring slots (header: 
 constexpr int kBulkProducerWarp = kBulkConsumerWarps;  // the first producer warp
 constexpr int kBulkEpilogueWarp = kBulkConsumerWarps + kBulkProducerWarps;
 constexpr int kBulkThreads = (kBulkConsumerWarps + kBulkProducerWarps + 1) * 32;
-constexpr int kBulkWeightRows = 16;  // weight rows per item (the mma's M)
-constexpr int kRedBuffers = 4;       // items the epilogue warp may lag behind
-constexpr int kClaimSlots = 4;       // gate/up tail claims producer 0 may be ahead of producer 1
+constexpr int kBulkWeightRows = 16;    // weight rows per item (the mma's M)
+constexpr int kDefaultRedBuffers = 4;  // items the epilogue warp may lag behind (BulkShape)
+constexpr int kClaimSlots = 4;         // gate/up tail claims producer 0 may be ahead of producer 1
 
 // The epilogue warp's one-shot combine of a down tile (combine_tile), in the down instances that
 // run at <= 8 tokens only (the rings, the split rows: kCombineInPasses false): at 1-4 tokens
@@ -150,9 +150,11 @@ struct BulkItem {
 };
 constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
 
-template <int kNT, int kStages, int kChunkBlocks, int kActRowsPerStage = kNT * 8, int kRowPad = 64>
+template <int kNT, int kStages, int kChunkBlocks, int kActRowsPerStage = kNT * 8, int kRowPad = 64,
+          int kRedBufs = kDefaultRedBuffers>
 struct BulkLayout {
   static constexpr int kActRows = kActRowsPerStage;
+  static constexpr int kRedBuffers = kRedBufs;
   // bytes per row in a stage (kRowPad 0: a tile's rows land as one contiguous copy)
   static constexpr int kPitch = kChunkBlocks * kBlockK * 2 + kRowPad;
   static constexpr int kStageBytes = (kBulkWeightRows + kActRows) * kPitch;
@@ -184,6 +186,7 @@ struct BulkShape<1, 0> {
   // 2 x 98 KB (16 x 4 KB weights). why 4 KB rows, not 4 stages of 2 KB: the same weight bytes
   // in flight with half the bulk copies per byte (the copy issue limited the stream: header)
   static constexpr int kStages = 2, kChunkBlocks = 32, kActRows = 8, kRowPad = 64;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
 struct BulkShape<1, 1> {
@@ -191,6 +194,7 @@ struct BulkShape<1, 1> {
   // BulkShape<1, 0>, twice the stages and so twice the weight bytes in flight
   // (ExpertsParams::ring: where it is used and why)
   static constexpr int kStages = 4, kChunkBlocks = 16, kActRows = 8, kRowPad = 64;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
 struct BulkShape<1, 2> {
@@ -202,6 +206,7 @@ struct BulkShape<1, 2> {
   // then meet bank conflicts, which one token's few mma hide). 12 blocks are not a multiple of
   // the 8 consumer warps: warps 4-7 take one block, 0-3 two (the guard below).
   static constexpr int kStages = 8, kChunkBlocks = 12, kActRows = 1, kRowPad = 0;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
 struct BulkShape<1, 3> {
@@ -212,6 +217,7 @@ struct BulkShape<1, 3> {
   // the down kernel's for rows of exactly 4 KB (DeepSeek-V3, Kimi-K2), a tile's 16 rows one 64 KB
   // copy instead of 32 of 2 KB, with 192 KB of weights in flight per SM instead of 128
   static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 1, kRowPad = 0;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
 struct BulkShape<1, 4> {
@@ -220,16 +226,29 @@ struct BulkShape<1, 4> {
   // fragments from global memory (L2) themselves, so the third stage fits: 192 KB of weights in
   // flight per SM instead of the standard ring's 128
   static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 0, kRowPad = 64;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
 struct BulkShape<2, 0> {
   static constexpr int kStages = 5, kChunkBlocks = 8, kActRows = 16, kRowPad = 64;  // 5 x 34 KB
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+};
+template <>
+struct BulkShape<2, 4> {
+  // ring 4 with tasks of up to 16 tokens (ExpertsParams::ring 4 at chunk 16,
+  // experts_task16_ring): the same 3 x 65 KB stages of weights only, each consumer warp running
+  // both n-tiles on every weight fragment, so an expert with 9-16 tokens streams its weights
+  // once instead of twice. Its reduction buffers are twice as large (8 KB): 3 of them fit
+  // beside the stages, not 4.
+  static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 0, kRowPad = 64;
+  static constexpr int kRedBuffers = 3;
 };
 
 template <int kNT, int kRing = 0>
 struct BulkShapeLayout {
   using S = BulkShape<kNT, kRing>;
-  using type = BulkLayout<kNT, S::kStages, S::kChunkBlocks, S::kActRows, S::kRowPad>;
+  using type =
+      BulkLayout<kNT, S::kStages, S::kChunkBlocks, S::kActRows, S::kRowPad, S::kRedBuffers>;
 };
 
 template <int kNT, int kRing = 0>
@@ -405,9 +424,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   static_assert(kRing != 3 || (kMode != kBulkFused && kNT == 1 && !kKeep && !kSplitRows && !kTail),
                 "ring 3: the chunk-8 gate/up and down kernels' at one token");
   using L = typename BulkShapeLayout<kNT, kRing>::type;
+  constexpr int kRedBuffers = L::kRedBuffers;  // items the epilogue warp may lag behind
   static_assert(
-      kRing != 4 || (kMode != kBulkFused && kNT == 1 && !kSplitRows && !kHalves && !kSelfRoute),
-      "ring 4: the chunk-8 gate/up and down kernels' (with the L2 keep and the tail)");
+      kRing != 4 ||
+          (kMode != kBulkFused && !kSplitRows && !kHalves && !kSelfRoute && (kNT == 1 || !kTail)),
+      "ring 4: the gate/up and down kernels' (chunk 8 with the L2 keep and the tail; chunk 16 "
+      "with the L2 keep)");
   // stages of weights only (ring 4): the consumers load the activations themselves
   constexpr bool kActsFromL2 = L::kActRows == 0;
   // The down epilogue's combine: one pass at a time between its items (bulk_combine_pass), or
@@ -1055,7 +1077,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   // kActsFromL2: the consumers read h, the gate/up kernel's output, themselves, and the early
   // stages (weights only) may land before the producers' wait
   if constexpr (kActsFromL2 && kMode == kBulkDown) pdl_wait();
-  const __nv_bfloat16* act_row = nullptr;  // kActsFromL2: token g's activation row of the item
+  // kActsFromL2: the activation rows of the item's tokens j * 8 + g (n-tile j), or null
+  const __nv_bfloat16* act_row[kNT] = {};
   float acc[kNT][4];
   int count = 0;
   int nkb = 0, nchunks = 0;  // of the current item
@@ -1103,10 +1126,13 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       nkb = down ? dn_nkb : gu_nkb;
       nchunks = down ? dn_nchunks : gu_nchunks;
       if constexpr (kActsFromL2) {
-        act_row = nullptr;
-        if (g < count) {
-          const ExpertsParams& ap = down ? dn : gu;
-          act_row = ap.x + static_cast<size_t>(m.pairs[g] / ap.x_row_div) * ap.k;
+        const ExpertsParams& ap = down ? dn : gu;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          act_row[j] = nullptr;
+          if (j * 8 + g < count) {
+            act_row[j] = ap.x + static_cast<size_t>(m.pairs[j * 8 + g] / ap.x_row_div) * ap.k;
+          }
         }
       }
 #pragma unroll
@@ -1122,17 +1148,20 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
     const unsigned char* stage = smem + s * L::kStageBytes;
     // kActsFromL2: this stage's activation fragments of the warp's blocks, all loads issued
     // before the first mma (one L2 round trip per stage; __ldcg: h is written by another kernel)
-    uint4 gb[kBlocksPerWarp][2];
+    uint4 gb[kBlocksPerWarp][kNT][2];
     if constexpr (kActsFromL2) {
 #pragma unroll
       for (int u = 0; u < kBlocksPerWarp; ++u) {
         const int blk = warp + u * kBulkConsumerWarps;
-        gb[u][0] = gb[u][1] = make_uint4(0, 0, 0, 0);
-        if (act_row != nullptr && c * kChunkBlocks + blk < nkb) {
-          const uint4* a =
-              reinterpret_cast<const uint4*>(act_row + (c * kChunkBlocks + blk) * kBlockK + 8 * t);
-          gb[u][0] = __ldcg(a);
-          gb[u][1] = __ldcg(a + 4);
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          gb[u][j][0] = gb[u][j][1] = make_uint4(0, 0, 0, 0);
+          if (act_row[j] != nullptr && c * kChunkBlocks + blk < nkb) {
+            const uint4* a = reinterpret_cast<const uint4*>(
+                act_row[j] + (c * kChunkBlocks + blk) * kBlockK + 8 * t);
+            gb[u][j][0] = __ldcg(a);
+            gb[u][j][1] = __ldcg(a + 4);
+          }
         }
       }
     }
@@ -1154,8 +1183,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
             const unsigned char* x = lo + (kBulkWeightRows + j * 8) * L::kPitch;
             uint4 b[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
             if (kActsFromL2) {
-              b[0] = gb[u][0];
-              b[1] = gb[u][1];
+              b[0] = gb[u][j][0];
+              b[1] = gb[u][j][1];
             } else if (j * 8 + g < count) {
               b[0] = *reinterpret_cast<const uint4*>(x);
               b[1] = *reinterpret_cast<const uint4*>(x + 64);

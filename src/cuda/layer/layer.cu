@@ -110,6 +110,7 @@ struct GpuMoeLayer::Impl {
   int half_items_setting = -1;                 // the gate/up kernel's MOEKIT_EXPERTS_HALF_ITEMS
   int self_route_tokens = 0;                   // its MOEKIT_EXPERTS_SELF_ROUTE
   int l2_acts_tokens = -1;                     // both's MOEKIT_EXPERTS_L2_ACTS (-1: the rule)
+  int task16_setting = -1;                     // both's MOEKIT_EXPERTS_TASK16 (-1: the rule)
   int shared_dense_tokens = 0;                 // MOEKIT_SHARED_DENSE (0: never)
   std::unique_ptr<SharedDenseMlp> shared_dense;  // the unfused shared MLP's cuBLAS GEMMs
   unsigned long long* trace = nullptr;         // set_trace: kernel timeline words, or null
@@ -340,6 +341,7 @@ struct GpuMoeLayer::Impl {
     half_items_setting = experts_gate_up_half_items_setting();
     self_route_tokens = experts_self_route_tokens();
     l2_acts_tokens = experts_l2_acts_tokens();
+    task16_setting = experts_task16_setting();
     shared_dense_tokens = has_shared ? experts_shared_dense_tokens() : 0;
     if (shared_dense_tokens > 0 && shared_dense_tokens <= opt.max_tokens) {
       shared_dense = std::make_unique<SharedDenseMlp>(opt.max_tokens, H, Is);
@@ -360,8 +362,20 @@ struct GpuMoeLayer::Impl {
   // The expert-kernel variant for a forward of `tokens` tokens (every variant exists for both
   // chunks, 8 and 16 tokens per task).
   ExpertsStream kind_for(int tokens) const {
-    return forced_stream ? *forced_stream : experts_stream_default(H, tokens);
+    return forced_stream ? *forced_stream : experts_stream_default(H, tokens, task16_rule(tokens));
   }
+
+  // Whether experts_task16_ring holds for a forward of `tokens` (where the bulk kernels run)
+  bool task16_rule(int tokens) const { return experts_task16_ring(tokens, K, E, task16_setting); }
+
+  // Whether a forward of `tokens` runs the bulk kernels with tasks of up to 16 tokens through
+  // the ring of weights only (experts_task16_ring)
+  bool task16_at(int tokens) const {
+    return kind_for(tokens) == ExpertsStream::Bulk && task16_rule(tokens);
+  }
+
+  // Tokens per task (the dispatch's chunk) of a forward of `tokens`
+  int chunk_for(int tokens) const { return task16_at(tokens) ? 16 : experts_chunk(tokens); }
 
   static constexpr int kUnfusedFromTokensWithManySlots = 32;
 
@@ -387,8 +401,7 @@ struct GpuMoeLayer::Impl {
         // fused, until its slots' tasks stream the shared weights again often enough that the
         // dense GEMMs win (experts_shared_dense_over_fused: measured on eight models)
         if (dense_shared_at(tokens)) {
-          return !experts_shared_dense_over_fused(tokens, experts_chunk(tokens),
-                                                  shared_weight_bytes());
+          return !experts_shared_dense_over_fused(tokens, chunk_for(tokens), shared_weight_bytes());
         }
         // Without the dense path (MOEKIT_SHARED_DENSE=0): measured on the H200
         // (bench/results/h200/2026-11-30-run6-final): one fused slot (DeepSeek-V3, Kimi-K2) is
@@ -424,16 +437,18 @@ struct GpuMoeLayer::Impl {
              "forward_device: x and y must be 16-byte aligned (x " << x << ", y " << y << ")");
     const int s_run = fused ? S : 0;
     const int slots = K + s_run;
-    const int chunk = experts_chunk(tokens);
+    const bool task16 = task16_at(tokens);
+    const int chunk = chunk_for(tokens);
     const int l2_keep = experts_l2_keep(tokens, H, chunk, l2_keep_from) ? 1 : 0;
-    const int ci = chunk == 8 ? 0 : 1;  // experts_chunk gives 8 or 16
+    const int ci = chunk == 8 ? 0 : 1;  // chunk_for gives 8 or 16
     const ExpertsStream sk = kind_for(tokens);
     const int down_tail =
         sk == ExpertsStream::Bulk ? experts_down_tail(tokens, H, chunk, down_tail_setting) : 0;
     // both bulk kernels' ring of weights only, the consumers loading the activations
     // (experts_l2_acts_ring): in place of the half items, the split copies and the deep rings
-    const bool l2_acts =
-        sk == ExpertsStream::Bulk && experts_l2_acts_ring(tokens, chunk, I, K, E, l2_acts_tokens);
+    // (tasks of 16 tokens: the same ring, experts_task16_ring)
+    const bool l2_acts = task16 || (sk == ExpertsStream::Bulk &&
+                                    experts_l2_acts_ring(tokens, chunk, I, K, E, l2_acts_tokens));
     const int half_items =
         sk == ExpertsStream::Bulk && !l2_keep && !l2_acts
             ? experts_gate_up_half_items(tokens, H, chunk, half_items_setting, one_token_ring)
