@@ -438,7 +438,7 @@ struct GpuMoeLayer::Impl {
     const int s_run = fused ? S : 0;
     const int slots = K + s_run;
     const bool task16 = task16_at(tokens);
-    const int chunk = chunk_for(tokens);
+    const int chunk = task16 ? 16 : experts_chunk(tokens);  // (chunk_for, the rule asked once)
     const int l2_keep = experts_l2_keep(tokens, H, chunk, l2_keep_from) ? 1 : 0;
     const int ci = chunk == 8 ? 0 : 1;  // chunk_for gives 8 or 16
     const ExpertsStream sk = kind_for(tokens);
