@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moekit/layer.h"
+#include "moekit/plan.h"
 #include "moekit/spec.h"
 #include "moekit/weights.h"
 
@@ -25,14 +26,18 @@ namespace moekit::cuda {
 // binary runs on). When not, *why says which check failed.
 bool available(std::string* why = nullptr);
 
+// The plan's facts of GPU `device` (its SM count and architecture); throws without a GPU.
+plan::DeviceInfo live_device_info(int device = 0);
+
 struct GpuLayerOptions {
   // Largest token count forward()/forward_device() accept; the workspace is sized for it once.
   int max_tokens = 256;
-  // Default fusion of forward_device(x, y, T, stream); auto = fused whenever the spec can fuse,
-  // except specs with several shared slots (Qwen2-MoE) from 64 tokens, where the H200 measured
-  // fused 2-6% slower (GpuMoeLayer::resolve_fused).
+  // Default fusion of forward_device(x, y, T, stream); auto: the plan's rule (plan_layer).
   FuseShared fuse = FuseShared::Auto;
   int device = 0;
+  // Knobs of the plan (moekit/plan.h), read at creation; the library reads no environment
+  // (the CLI fills them with plan::plan_overrides_from_env).
+  plan::PlanOverrides overrides;
 };
 
 // Launch counts of one forward, as a CUDA graph of it holds them (kernels + memsets).
@@ -62,6 +67,8 @@ class GpuMoeLayer {
   size_t workspace_bytes() const;
   // What `fuse` means for this spec and token count (Auto resolved; On throws if not fusable).
   bool resolve_fused(FuseShared fuse, int tokens) const;
+  // The plan a forward of `tokens` tokens with fusion `fuse` runs (planned once per token count).
+  plan::LayerPlan plan(int tokens, FuseShared fuse) const;
 
   // Host in, host out (tests, `moekit run`): checks x is finite, copies it in, poisons the device
   // output with NaN, runs forward_device and copies y [T,H] (bf16 -> float) and the routing back.
@@ -77,7 +84,7 @@ class GpuMoeLayer {
 
   // Profiling: forwards launched or captured while set record their kernel timeline (the first
   // and last CTA's %globaltimer at start, after griddepcontrol.wait and at the end of the routing
-  // and bulk expert kernels; layout in src/cuda/layer/trace.cuh) into these device words;
+  // and bulk expert kernels; layout in src/cuda/common/trace.cuh) into these device words;
   // nullptr (the default) records nothing.
   void set_trace(unsigned long long* device_words);
 
@@ -108,7 +115,8 @@ Routing route_on_device(const RoutingConfig& cfg, const float* logits, int token
 
 // One forward of `w` on the GPU (`moekit run --device cuda`): uploads the layer with max_tokens =
 // tokens, runs GpuMoeLayer::forward once. Uploading materialises every expert of w on the host.
-ForwardResult forward_once(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse);
+ForwardResult forward_once(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
+                           const plan::PlanOverrides& overrides = {});
 
 // ---- benchmark (src/cuda/bench/) ----
 
@@ -121,6 +129,7 @@ struct GpuBenchOptions {
   int max_layer_sets = 0;            // distinct weight sets to rotate among; 0 = as many as fit
   int device = 0;
   bool trace = false;                // print each batch's kernel timeline (stderr)
+  plan::PlanOverrides overrides;     // the layers' plan knobs
 };
 
 struct GpuBenchRecord {
@@ -140,6 +149,7 @@ struct GpuBenchRecord {
   double fused_over_unfused = 0;   // us_per_layer(on) / us_per_layer(off); 0 when not fusable
   int layer_sets = 0;              // distinct weight sets rotated among
   int moe_layers = 0;
+  std::string plan;                // what ran: plan::summary of the layer's plan
 };
 
 // Measures read bandwidth (16-byte loads over >= 2 GB), then for each batch times one layer and a

@@ -26,9 +26,9 @@ namespace moekit::cuda {
 std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int tokens,
                                  const tuning::RouterGemmConfig* config = nullptr);
 
-// Programmatic dependent launch for the router GEMM kernels: on unless MOEKIT_ROUTER_GEMM_PDL=0
-// or MOEKIT_PDL=0;
-// the benchmark switches it to time both. Process-wide; affects launches made after the call.
+// Programmatic dependent launch for the router GEMM kernels: on unless switched off here (the
+// CLI does for MOEKIT_PDL=0; the benchmark switches it to time both). Process-wide; affects
+// launches made after the call.
 void set_router_gemm_pdl(bool enabled);
 bool router_gemm_pdl();
 

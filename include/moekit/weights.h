@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ class LayerWeights {
   virtual int materialised_experts() const = 0;
   // Where the weights came from ("random seed 0" or the checkpoint directory).
   virtual std::string origin() const = 0;
+  // The seed of make_random_weights' weights (the GPU regenerates them on the device instead of
+  // uploading every expert), else nullopt.
+  virtual std::optional<uint64_t> random_seed() const { return std::nullopt; }
 
  protected:
   LayerWeights(MoeSpec spec, int layer) : spec_(std::move(spec)), layer_(layer) {}

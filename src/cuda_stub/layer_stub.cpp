@@ -34,6 +34,8 @@ int GpuMoeLayer::max_tokens() const { no_cuda("GpuMoeLayer::max_tokens"); }
 size_t GpuMoeLayer::weight_bytes() const { no_cuda("GpuMoeLayer::weight_bytes"); }
 size_t GpuMoeLayer::workspace_bytes() const { no_cuda("GpuMoeLayer::workspace_bytes"); }
 bool GpuMoeLayer::resolve_fused(FuseShared, int) const { no_cuda("GpuMoeLayer::resolve_fused"); }
+plan::LayerPlan GpuMoeLayer::plan(int, FuseShared) const { no_cuda("GpuMoeLayer::plan"); }
+plan::DeviceInfo live_device_info(int) { no_cuda("cuda::live_device_info"); }
 ForwardResult GpuMoeLayer::forward(const Bf16*, int, FuseShared) {
   no_cuda("GpuMoeLayer::forward");
 }
@@ -51,7 +53,8 @@ Routing route_on_device(const RoutingConfig&, const float*, int, const float*, i
   no_cuda("cuda::route_on_device");
 }
 
-ForwardResult forward_once(const LayerWeights&, const Bf16*, int, FuseShared) {
+ForwardResult forward_once(const LayerWeights&, const Bf16*, int, FuseShared,
+                           const plan::PlanOverrides&) {
   no_cuda("cuda::forward_once");
 }
 

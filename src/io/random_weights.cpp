@@ -87,6 +87,7 @@ class RandomLayerWeights final : public LayerWeights {
     s << "random seed " << seed_;
     return s.str();
   }
+  std::optional<uint64_t> random_seed() const override { return seed_; }
 
  private:
   void build(int e, io::ExpertStorage& out) const {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_context.h"
 #include "commands.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
@@ -205,6 +206,7 @@ int run_bench_cuda(const BenchOptions& opt) {
   b.seed = opt.seed;
   b.iterations = opt.iterations;
   b.trace = opt.trace;
+  b.overrides = env_overrides();
   const std::vector<cuda::GpuBenchRecord> recs = cuda::bench_layer(b, !opt.json);
   if (!opt.plot.empty()) plot_sweep(recs, opt.plot);
 
@@ -229,7 +231,9 @@ int run_bench_cuda(const BenchOptions& opt) {
                      {"launches", r.launches},
                      {"fused_over_unfused", r.fused_over_unfused},
                      {"layer_sets", r.layer_sets},
-                     {"moe_layers", r.moe_layers}});
+                     {"moe_layers", r.moe_layers},
+                     {"plan", r.plan},
+                     {"command", command_line()}});
     }
     std::printf("%s\n", arr.dump(2).c_str());
     return 0;

@@ -32,6 +32,7 @@ void add_inspect_command(CLI::App& app);   // cmd_inspect.cpp
 void add_run_command(CLI::App& app);       // cmd_run.cpp
 CLI::App* add_bench_command(CLI::App& app);  // cmd_bench.cpp: returns `bench` for sub-benches
 void add_tune_command(CLI::App& app);      // cmd_tune.cpp (router GEMM tuner)
+void add_plan_commands(CLI::App& app);     // cmd_plan.cpp: `plan` and `list-kernels`
 void add_bench_router_gemm_command(CLI::App& bench);  // bench_router_gemm.cpp
 void add_bench_stream_command(CLI::App& bench);       // bench_stream.cpp
 

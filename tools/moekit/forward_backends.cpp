@@ -1,5 +1,6 @@
 #include "forward_backends.h"
 
+#include "cli_context.h"
 #include "moekit/cpu_fast.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
@@ -18,7 +19,7 @@ std::string resolve_device(const std::string& requested) {
 
 ForwardResult forward_on(const std::string& device, const std::string& backend,
                          const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse) {
-  if (device == "cuda") return cuda::forward_once(w, x, tokens, fuse);
+  if (device == "cuda") return cuda::forward_once(w, x, tokens, fuse, env_overrides());
   if (backend == "reference") return cpu_reference::forward(w, x, tokens, fuse);
   MK_CHECK(backend == "fast", "--backend '" << backend << "' is not one of fast, reference");
   return cpu_fast::forward(w, x, tokens, fuse);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "cli_context.h"
 #include "commands.h"
 #include "moekit/error.h"
 
@@ -17,7 +18,9 @@ int main(int argc, char** argv) {
   moekit::cli::add_bench_router_gemm_command(*bench);
   moekit::cli::add_bench_stream_command(*bench);
   moekit::cli::add_tune_command(app);
+  moekit::cli::add_plan_commands(app);
   try {
+    moekit::cli::init_context(argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -24,10 +24,10 @@
 
 #include "common/random_values.h"
 #include "cuda/bench/graph_timing.h"
-#include "cuda/cuda_check.h"
-#include "cuda/device_buffer.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
 #include "cuda/layer/random_fill.h"
-#include "cuda/layer/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kReadThreads) read_kernel(const uint4* __restr
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
-// --trace: the kernel timeline (cuda/layer/trace.cuh) of the last forward of the us_per_layer
+// --trace: the kernel timeline (cuda/common/trace.cuh) of the last forward of the us_per_layer
 // graph (one forward per weight set), in us after the down kernel of the forward before it ended
 // (its last CTA); the second replay is recorded, so code and TLBs are as warm as when timed.
 void print_trace(std::vector<std::unique_ptr<GpuMoeLayer>>& sets, const __nv_bfloat16* x,
@@ -219,6 +219,7 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
   lo.max_tokens = max_batch;
   lo.device = opt.device;
   lo.fuse = FuseShared::Auto;
+  lo.overrides = opt.overrides;
   const int moe_layers = static_cast<int>(spec.moe_layers.size());
   std::vector<std::unique_ptr<GpuMoeLayer>> sets;
   sets.push_back(GpuMoeLayer::create_random(spec, spec.moe_layers[0], opt.seed, lo));
@@ -270,6 +271,7 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
         r.layer_sets = nsets;
         r.moe_layers = moe_layers;
         r.launches = sets[0]->count_launches(batch, fused).kernels;
+        r.plan = plan::summary(sets[0]->plan(batch, mode));
 
         // touched bytes from each set's routing of this input
         double bytes = 0;

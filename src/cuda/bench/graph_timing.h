@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 
 namespace moekit::cuda::bench_timing {
 

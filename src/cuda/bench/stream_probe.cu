@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "cuda/bench/graph_timing.h"
-#include "cuda/cuda_check.h"
-#include "cuda/device_buffer.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
 #include "cuda/experts/bulk_copy.cuh"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"

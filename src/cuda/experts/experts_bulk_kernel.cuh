@@ -80,8 +80,8 @@
 #include "cuda/experts/bulk_copy.cuh"
 #include "cuda/experts/experts.h"
 #include "cuda/experts/experts_common.cuh"
-#include "cuda/layer/pdl.cuh"
-#include "cuda/layer/trace.cuh"
+#include "cuda/common/pdl.cuh"
+#include "cuda/common/trace.cuh"
 #include "cuda/routing/routing_kernel.cuh"
 
 namespace moekit::cuda::experts_detail {

@@ -31,7 +31,7 @@
 
 #include "cuda/experts/experts.h"
 #include "cuda/experts/experts_common.cuh"
-#include "cuda/layer/pdl.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace moekit::cuda::experts_detail {
 

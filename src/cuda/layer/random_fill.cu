@@ -1,7 +1,7 @@
 // Random weight fill on the GPU (random_fill.h). One thread per 8 values, grid.y = expert, so
 // the stream key is computed once per thread and the stores are 16 bytes wide.
 #include "common/random_values.h"
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/layer/random_fill.h"
 
 namespace moekit::cuda {

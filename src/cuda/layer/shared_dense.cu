@@ -3,8 +3,8 @@
 // column-major [K, M]), bf16 inputs, fp32 output and compute (CUBLAS_COMPUTE_32F: no tf32).
 #include <algorithm>
 
-#include "cuda/cublas_check.h"
-#include "cuda/cuda_check.h"
+#include "cuda/common/cublas_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/experts/experts_common.cuh"
 #include "cuda/layer/shared_dense.h"
 

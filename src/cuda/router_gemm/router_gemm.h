@@ -26,7 +26,7 @@ struct RouterGemmProblem {
   const void* weight = nullptr;       // weight_dtype [n, k] row-major, device
   const float* bias = nullptr;        // fp32 [n] or nullptr (gpt-oss router bias)
   float* out = nullptr;               // fp32 [m, n] row-major, device
-  unsigned long long* trace = nullptr;  // kernel timeline words (cuda/layer/trace.cuh) or null
+  unsigned long long* trace = nullptr;  // kernel timeline words (cuda/common/trace.cuh) or null
 };
 
 // Validates (throws "expected X, got Y"), returns at once when m == 0, picks the config through

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "cuda/layer/trace.cuh"
+#include "cuda/common/trace.cuh"
 
 namespace moekit::cuda::router_gemm_detail {
 
@@ -21,7 +21,7 @@ struct RouterGemmArgs {
   int n;
   int k;
   int split = 1;  // dot kernel: CTAs (one cluster along x) sharing one output tile's K range
-  unsigned long long* trace = nullptr;  // kernel timeline (cuda/layer/trace.cuh) or null
+  unsigned long long* trace = nullptr;  // kernel timeline (cuda/common/trace.cuh) or null
 };
 
 // PDL: wait until the previous kernel in the stream has finished and its writes are visible.
@@ -43,7 +43,7 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 
 // Wait for the previous kernel, then let the next one launch. why not trigger before waiting:
 // the next kernel may read, before its own wait, data written two kernels back (the layer's PDL
-// contract, src/cuda/layer/pdl.cuh), which holds only if we trigger after our wait. Triggering
+// contract, src/cuda/common/pdl.cuh), which holds only if we trigger after our wait. Triggering
 // here, before our main work, still lets the next kernel's prologue (e.g. the next router GEMM's
 // weight prefetch) run under ours.
 __device__ __forceinline__ void griddep_wait_then_trigger() {

@@ -12,7 +12,7 @@
 #include <mutex>
 #include <vector>
 
-#include "cuda/cublas_check.h"
+#include "cuda/common/cublas_check.h"
 #include "cuda/router_gemm/router_gemm_launch.h"
 
 namespace moekit::cuda::router_gemm_detail {

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "cuda/router_gemm/router_gemm_common.cuh"
 #include "moekit/tuning.h"
@@ -18,8 +18,8 @@ inline RouterGemmArgs make_args(const RouterGemmProblem& p) {
   return a;
 }
 
-// Whether kernels launch with programmatic stream serialisation (PDL). On unless
-// MOEKIT_ROUTER_GEMM_PDL=0 or MOEKIT_PDL=0; set_router_gemm_pdl (moekit/router_gemm.h) switches it.
+// Whether kernels launch with programmatic stream serialisation (PDL): on unless
+// set_router_gemm_pdl (moekit/router_gemm.h) switched it off.
 bool pdl_enabled();
 
 // Launches kernel<<<grid, block, 0, stream>>>(args) with PDL when enabled and, when

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/random_values.h"
-#include "cuda/cuda_check.h"
-#include "cuda/device_buffer.h"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/device_buffer.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "moekit/error.h"
 #include "moekit/router_gemm.h"

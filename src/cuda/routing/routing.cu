@@ -1,14 +1,14 @@
 // Launcher of the routing + dispatch kernel (routing_kernel.cuh): picks the experts-per-lane
 // instantiation (4/8/16 for E <= 128/256/512) and the block size. Validation of the config
 // against the kernel's limits happens in the layer (layer.cu), once, at creation.
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/routing/routing.h"
 #include "cuda/routing/routing_kernel.cuh"
-#include "cuda/layer/pdl.cuh"
+#include "cuda/common/pdl.cuh"
 
 namespace moekit::cuda {
 
-void launch_routing(const RoutingParams& p, cudaStream_t stream) {
+void launch_routing(const RoutingParams& p, cudaStream_t stream, bool pdl) {
   if (p.tokens <= 0) return;
   using namespace routing_detail;
   const int grid = (p.tokens + kRoutingWarps - 1) / kRoutingWarps;
@@ -18,7 +18,7 @@ void launch_routing(const RoutingParams& p, cudaStream_t stream) {
   auto* kernel = num_e <= 128   ? routing_kernel<4>
                  : num_e <= 256 ? routing_kernel<8>
                                 : routing_kernel<kPerLane>;
-  launch_pdl(kernel, dim3(grid), dim3(warps * 32), 0, stream, p);
+  launch_pdl(pdl, kernel, dim3(grid), dim3(warps * 32), 0, stream, p);
 }
 
 }  // namespace moekit::cuda

@@ -53,11 +53,11 @@ struct RoutingParams {
   DispatchCounters* counters = nullptr;
   int* tile_counters = nullptr;    // combine counters to zero
   int num_tile_counters = 0;
-  // the fused expert kernel's per-task gate/up completion counters, zeroed for every task of
-  // the forward (its length is the task capacity), or null
+  // per-task counters zeroed for every task of the forward (its length is the task
+  // capacity), or null (the layer passes null)
   int* task_done = nullptr;
   int* error_flag = nullptr;       // set to 1 when an id falls outside [0, weight_rows)
-  unsigned long long* trace = nullptr;  // kernel timeline (cuda/layer/trace.cuh) or null
+  unsigned long long* trace = nullptr;  // kernel timeline (cuda/common/trace.cuh) or null
 };
 
 // Upper bound of the routed task count for `pairs` pairs over `rows` experts in chunks of `chunk`:
@@ -67,8 +67,9 @@ inline int max_routed_tasks(int pairs, int rows, int chunk) {
   return active + pairs / chunk + 1;
 }
 
-// Launches the routing kernel (grid of ceil(T/16) CTAs; the last CTA to finish aligns).
-void launch_routing(const RoutingParams& p, cudaStream_t stream);
+// Launches the routing kernel (grid of ceil(T/16) CTAs; the last CTA to finish aligns), with
+// programmatic dependent launch when `pdl`.
+void launch_routing(const RoutingParams& p, cudaStream_t stream, bool pdl = true);
 
 // Largest E the kernel takes (a warp holds one token's row, 16 experts per lane).
 constexpr int kRoutingMaxExperts = 512;

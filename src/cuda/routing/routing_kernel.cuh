@@ -31,9 +31,9 @@
 
 #include <cstdint>
 
-#include "cuda/align/align.cuh"
-#include "cuda/layer/pdl.cuh"
-#include "cuda/layer/trace.cuh"
+#include "cuda/routing/align.cuh"
+#include "cuda/common/pdl.cuh"
+#include "cuda/common/trace.cuh"
 #include "cuda/routing/routing.h"
 
 namespace moekit::cuda::routing_detail {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/routing/routing.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"

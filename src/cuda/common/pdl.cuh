@@ -3,16 +3,13 @@
 // drains (its tail) and wait in pdl_wait() for that kernel's completion and memory. A kernel
 // may do before pdl_wait() only what needs no output of the kernel just before it: read weights,
 // and read what a kernel two or more launches back wrote (that one has completed: every CTA of
-// the kernel in between passed its own pdl_wait before it could exit). MOEKIT_PDL=0 launches
-// without the attribute (pdl_wait is then a no-op): the fallback if a driver mishandles it.
+// the kernel in between passed its own pdl_wait before it could exit). Without the attribute
+// (the plan's pdl off: MOEKIT_PDL=0) pdl_wait is a no-op: the fallback if a driver mishandles it.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 
 namespace moekit::cuda {
 
@@ -29,17 +26,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-inline bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MOEKIT_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when enabled.
+// kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when `pdl`.
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+void launch_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                 cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
@@ -50,7 +39,7 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl ? 1 : 0;
   MK_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

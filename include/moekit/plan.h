@@ -1,0 +1,171 @@
+// The layer plan: every choice a GPU forward of the MoE layer makes, computed by host code that
+// builds without CUDA (src/plan/), into a plain struct that prints in one line per kernel and
+// serialises to JSON. The forward executes a plan; it does not decide (src/cuda/layer/).
+//
+//   plan_layer(spec, tokens, fuse, overrides, device)
+//     -> fused or unfused (and why), the router GEMM config, the routing launch (or the gate/up
+//        kernel routing its one token itself), the dense shared MLP, and per expert launch: the
+//        kernel instance (expert_kernels(): one table of named fields), its grid and parameters.
+//
+// Each rule lives in src/plan/expert_rules.cpp with a comment naming its page in docs/decisions/
+// (the A/B that set it). Overrides force one rule each: a benchmark's or a test's knob; the
+// environment fills them in one place (plan_overrides_from_env, called by the CLI).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moekit/layer.h"
+#include "moekit/spec.h"
+#include "moekit/tuning.h"
+
+namespace moekit::plan {
+
+// ---- the expert-kernel instances ----
+
+enum class Gemm : uint8_t { GateUp, Down };
+const char* gemm_name(Gemm g);  // "gate_up", "down"
+
+// How a kernel streams the weights (src/cuda/experts/).
+enum class Stream : uint8_t {
+  Bulk,                // producer warps bulk-copy weights (and activations) into a shared-memory
+                       // ring, 8 consumer warps run the mma, an epilogue warp stores and combines
+  Registers,           // weights in registers, activations loaded right before their mma
+  RegistersEarlyActs,  // weights in registers, activations loaded with the weights
+};
+const char* stream_name(Stream s);           // "bulk", "regs", "regs-early"
+std::optional<Stream> parse_stream(const std::string& s);  // nullopt when not a name
+
+// The bulk kernels' shared-memory ring (each shape its own layout, src/cuda/experts/).
+enum class Ring : uint8_t {
+  Standard,        // chunk 8: 2 stages of 16 weight rows x 4 KB + 8 activation rows;
+                   // chunk 16: 5 stages of 16 x 1 KB + 16 activation rows
+  Deep,            // down, rows <= 2 KB: 4 stages of 16 x 2 KB + 8 activation rows
+  OneTokenNarrow,  // down, one token, rows <= 1.5 KB: 8 stages of 16 x 1.5 KB + one activation
+                   // row, unpadded: a tile's rows one copy
+  OneToken,        // one token: 3 stages of 16 x 4 KB + one activation row, unpadded (gate/up;
+                   // down rows of exactly 4 KB: a tile's 16 rows one 64 KB copy)
+  WeightsOnly,     // 3 stages of 16 x 4 KB weights only; the consumer warps load their
+                   // activation fragments from L2 (chunk 16: both n-tiles on every fragment)
+};
+const char* ring_name(Ring r);  // "standard", "deep", "one-token-narrow", "one-token", "weights-only"
+
+// One compiled kernel instance. The fields a family does not use keep their defaults.
+struct ExpertKernel {
+  const char* name = "";
+  Gemm gemm = Gemm::GateUp;
+  Stream stream = Stream::Bulk;
+  int n_tiles = 1;            // 8-token n-tiles per task: 1 (tasks of <= 8 tokens) or 2 (<= 16)
+  // bulk
+  Ring ring = Ring::Standard;
+  bool split_rows = false;    // down: 4 KB weight rows copied as two 2 KB pieces
+  bool l2_keep = false;       // rows the expert's next task re-reads copied at normal L2 priority
+  bool down_tail = false;     // down: the last tiles' items claimed dynamically, combined last
+  bool half_items = false;    // gate/up: the last tail items claimed as two halves
+  bool self_route = false;    // gate/up: routes its one token itself (no routing kernel)
+  // registers
+  int unroll = 0;             // k blocks of 64 in flight per warp
+  int warps = 11;             // threads / 32 (bulk: 8 consumers, 2 producers, 1 epilogue)
+  int ctas_per_sm = 1;        // resident CTAs per SM (checked on the device at layer creation)
+};
+
+// Every instance, in one table (src/plan/expert_kernels.cpp); the CUDA sources instantiate
+// exactly these (src/cuda/experts/experts_instances.cuh).
+std::span<const ExpertKernel> expert_kernels();
+// The index of the instance with these fields (name ignored), or -1.
+int find_expert_kernel(const ExpertKernel& fields);
+// One line: "bulk_down_weights_only_tail: down bulk n_tiles=1 ring=weights-only down_tail".
+std::string describe(const ExpertKernel& k);
+
+// ---- inputs ----
+
+// Device facts the plan needs: a named profile or the live GPU (cuda::live_device_info()).
+struct DeviceInfo {
+  std::string name = "sm90";
+  int sms = 132;
+  tuning::Arch arch = tuning::Arch::Sm90;
+};
+// "sm90" (H100/H200 SXM: 132 SMs) and "sm100" (B200: 148 SMs); throws naming the known ones.
+DeviceInfo device_profile(const std::string& name);
+
+// Each field forces one rule (-1: the rule decides). Filled by the caller; the library reads no
+// environment. The README's options table lists the matching MOEKIT_* variables.
+struct PlanOverrides {
+  std::optional<Stream> stream;      // MOEKIT_EXPERTS_KERNEL: one kernel family at every batch
+  int gate_up_tail_percent = -1;     // MOEKIT_EXPERTS_TAIL: the gate/up kernel's dynamic tail
+  int shared_first_tokens = -1;      // MOEKIT_EXPERTS_SHARED_FIRST (0: never)
+  int whole_tile_tokens = -1;        // MOEKIT_EXPERTS_WHOLE_TILES (0: never)
+  int down_split_tokens = -1;        // MOEKIT_EXPERTS_DOWN_SPLIT (0: never)
+  int down_deep_tokens = -1;         // MOEKIT_EXPERTS_DOWN_DEEP (0: never)
+  int one_token_rings = -1;          // MOEKIT_EXPERTS_ONE_TOKEN_RING: 0 or 1
+  int weights_only_tokens = -1;      // MOEKIT_EXPERTS_L2_ACTS: the ring of weights only up to N
+  int l2_keep_from_tokens = -1;      // MOEKIT_EXPERTS_L2_KEEP_FROM: every hidden size from N
+  int down_tail_percent = -1;        // MOEKIT_EXPERTS_DOWN_TAIL: every hidden size and batch
+  int half_items_per_cta = -1;       // MOEKIT_EXPERTS_HALF_ITEMS: every hidden size
+  int self_route_tokens = -1;        // MOEKIT_EXPERTS_SELF_ROUTE: 0 or 1
+  int task16_from = -1;              // MOEKIT_EXPERTS_TASK16: routed tokens per expert (0: never)
+  int shared_dense_tokens = -1;      // MOEKIT_SHARED_DENSE: dense shared MLP from N (0: never)
+  bool pdl = true;                   // MOEKIT_PDL=0: launch without programmatic dependent launch
+  bool print = false;                // MOEKIT_PRINT_CONFIG=1: print each plan once (stderr)
+  friend bool operator==(const PlanOverrides&, const PlanOverrides&) = default;
+};
+// The MOEKIT_* variables above, each checked ("MOEKIT_EXPERTS_TAIL='x' (expected a percentage,
+// 0 to 100)"); unset or empty leaves the field as it is in `base`.
+PlanOverrides plan_overrides_from_env(PlanOverrides base = {});
+
+// ---- the plan ----
+
+struct ExpertLaunch {
+  const char* role = "";       // "shared gate/up", "shared down", "gate/up", "down"
+  bool shared = false;         // the unfused shared MLP's own GEMMs (one dense "expert")
+  int kernel = -1;             // index into expert_kernels()
+  int grid = 0;                // CTAs
+  int dynamic_tail_percent = 0;  // gate/up (bulk): items taken dynamically at the end
+  int half_items_per_cta = 0;    // gate/up (bulk, half_items instance)
+  int down_tail_percent = 0;     // down (bulk, down_tail instance): tiles taken dynamically
+  int early_shared = 0;          // gate/up: fused shared slots issued before the dispatch wait
+  bool combine = false;          // down: the weighted combine into y
+};
+
+struct LayerPlan {
+  std::string model;
+  int tokens = 0;
+  DeviceInfo device;
+  bool fused = false;          // the shared expert as extra slots of the routed experts
+  const char* fuse_reason = "";
+  int slots = 0;               // top_k (+ fused shared slots)
+  int chunk = 8;               // tokens per task of the dispatch
+  Stream stream = Stream::Bulk;
+  tuning::RouterGemmChoice router;
+  bool routing_kernel = true;  // false: the gate/up kernel routes its one token itself
+  bool dense_shared = false;   // the unfused shared MLP as dense cuBLAS GEMMs (before the router)
+  std::vector<ExpertLaunch> experts;  // in launch order
+  bool pdl = true;
+};
+
+// The plan of a forward of `tokens` (>= 1) tokens with fusion `fuse` (On throws when the spec
+// cannot fuse). Validates nothing about the spec beyond what a choice needs (the layer does).
+LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
+                     const PlanOverrides& overrides, const DeviceInfo& device);
+
+// Kernel launches of the plan that moekit makes itself (router, routing, experts); the dense
+// shared MLP's cuBLAS GEMMs come on top (one or two kernels each, cuBLAS' choice).
+int own_launches(const LayerPlan& p);
+
+// One line per kernel, e.g.
+//   deepseek-v3 T=32 sm90: fused (auto: ...) slots 9 chunk 8 bulk
+//     router   dot block=256 tile_n=1 tile_m=4 (arch table)
+//     routing  routing+dispatch
+//     gate/up  bulk_gate_up_weights_only grid 132 tail 35% shared-first 1
+//     down     bulk_down_weights_only_tail grid 132 tail 20% combine
+std::string describe(const LayerPlan& p);
+// The same lines in one, joined by " | " (bench records carry it).
+std::string summary(const LayerPlan& p);
+// The same facts as JSON text (an object: model, tokens, device, fused, fuse_reason, slots,
+// chunk, stream, router, routing_kernel, dense_shared, experts[], launches).
+std::string to_json(const LayerPlan& p);
+
+}  // namespace moekit::plan

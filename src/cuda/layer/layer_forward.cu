@@ -1,0 +1,207 @@
+// A forward of GpuMoeLayer (layer_impl.h): the plan for its token count (plan_layer, cached),
+// then each planned launch's parameters, then the launches, in the plan's order:
+//   0. the dense shared MLP (cuBLAS), when the plan runs it
+//   1. router GEMM        logits[T, E(+1)] fp32            src/cuda/router_gemm/
+//   2. routing + dispatch ids/weights [T, k+S], per-expert pair lists, tasks (one launch)
+//   2a/2b. the unfused shared MLP through the expert kernels, one dense "expert" of width Is
+//   3. gate/up            h[pair, I] = act(x W1^T, x W3^T) bf16, every touched expert once
+//   4. down + combine     y[T, H] = sum_slots w * (h W2^T + b2), deterministic, bf16
+// Fused: the shared MLP is S more experts E..E+S-1 whose slots every token routes to, so it rides
+// in launches 3-4. Unfused: the combine of launch 4 adds shared_scale[t] * its output.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <iostream>
+
+#include "cuda/experts/experts.h"
+#include "cuda/experts/experts_instances.cuh"
+#include "cuda/layer/layer_impl.h"
+#include "cuda/router_gemm/router_gemm.h"
+#include "moekit/error.h"
+#include "plan/expert_kernels.h"
+
+namespace moekit::cuda {
+namespace {
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// ExpertsParams' record of the instance's choices (launch_expert_kernel checks them).
+void record_instance(int kernel, ExpertsParams& p) {
+  const plan::ExpertKernel& k = plan::expert_kernels()[kernel];
+  p.ring = k.stream == plan::Stream::Bulk ? experts_detail::bulk_ring(k.ring) : 0;
+  p.weight_copy_pieces = k.split_rows ? 2 : 1;
+  p.l2_keep = k.l2_keep ? 1 : 0;
+  p.self_route = k.self_route ? 1 : 0;
+}
+
+}  // namespace
+
+const plan::LayerPlan& GpuMoeLayer::Impl::plan_for(int tokens, FuseShared fuse) const {
+  const long long key = static_cast<long long>(tokens) * 3 + static_cast<int>(fuse);
+  auto it = plans.find(key);
+  if (it == plans.end()) {
+    it = plans.emplace(key, plan::plan_layer(spec, tokens, fuse, opt.overrides, device)).first;
+    if (opt.overrides.print) std::cerr << plan::describe(it->second);
+  }
+  return it->second;
+}
+
+void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseShared fuse,
+                                       cudaStream_t st) {
+  MK_CHECK(tokens >= 0 && tokens <= opt.max_tokens,
+           "expected 0 <= tokens <= max_tokens (" << opt.max_tokens << "), got " << tokens);
+  if (tokens == 0) return;
+  MK_CHECK(x != nullptr && y != nullptr, "forward_device: x or y is null");
+  // (the expert kernels copy x rows in 16-byte units and store y rows 4 at a time)
+  MK_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0,
+           "forward_device: x and y must be 16-byte aligned (x " << x << ", y " << y << ")");
+  const plan::LayerPlan& pl = plan_for(tokens, fuse);
+  const int s_run = pl.fused ? S : 0;
+  const int slots = pl.slots;
+  const bool shared_unfused = has_shared && !pl.fused;
+  auto* ctr = counters.as<DispatchCounters>();
+  const bool down_tail = pl.experts.back().down_tail_percent > 0;  // (the routed down launch)
+
+  // 0. the dense shared MLP: it needs x only, so it goes first and leaves the chain of
+  // programmatic launches from the router GEMM to the down kernel as it is
+  if (pl.dense_shared) {
+    MK_CHECK(shared_dense != nullptr, "the plan runs the dense shared MLP, which is not prepared");
+    SharedActivation act{spec.activation, spec.swiglu_limit, spec.swiglu_alpha, spec.swiglu_beta};
+    shared_dense->forward(static_cast<const __nv_bfloat16*>(x), shared_w13.as<__nv_bfloat16>(),
+                          shared_w2.as<__nv_bfloat16>(), tokens, act,
+                          shared_h.as<__nv_bfloat16>(), shared_partial.as<float>(), st);
+  }
+
+  // 1. router GEMM
+  RouterGemmProblem rg;
+  rg.m = tokens;
+  rg.n = cols;
+  rg.k = H;
+  rg.weight_dtype = spec.router_dtype;
+  rg.x = x;
+  rg.weight = router_w.ptr;
+  rg.bias = spec.has_router_bias ? router_bias.as<float>() : nullptr;
+  rg.out = logits.as<float>();
+  rg.trace = trace;
+  router_gemm(rg, pl.router.config, st);
+
+  // 2. routing + dispatch
+  RoutingParams rp;
+  rp.cfg = pl.fused ? cfg_fused : cfg_unfused;
+  rp.tokens = tokens;
+  rp.logits = logits.as<float>();
+  rp.correction_bias = spec.has_correction_bias ? corr_bias.as<float>() : nullptr;
+  rp.ids = ids.as<int32_t>();
+  rp.weights = weights.as<float>();
+  rp.shared_scale = has_shared ? shared_scale.as<float>() : nullptr;
+  rp.weight_rows = E + s_run;
+  rp.chunk = pl.chunk;
+  rp.pair_list = pair_list.as<int>();
+  rp.tasks = tasks.as<ExpertTask>();
+  rp.shared_tasks = shared_unfused && !pl.dense_shared ? shared_tasks.as<ExpertTask>() : nullptr;
+  rp.counters = ctr;
+  rp.tile_counters = tile_counters.as<int>();
+  rp.num_tile_counters = H / 16 + (down_tail ? 1 : 0);  // (+ its CTAs done)
+  rp.error_flag = error_flag.as<int>();
+  rp.trace = trace;
+  if (pl.routing_kernel) launch_routing(rp, st, pl.pdl);
+
+  // the parameters every expert launch shares
+  auto common = [&](const plan::ExpertLaunch& l) {
+    ExpertsParams p;
+    p.dynamic_tail_percent = l.dynamic_tail_percent;
+    p.half_items_per_cta = l.half_items_per_cta;
+    p.down_tail_percent = l.down_tail_percent;
+    p.activation = spec.activation;
+    p.limit = spec.swiglu_limit;
+    p.alpha = spec.swiglu_alpha;
+    p.beta = spec.swiglu_beta;
+    record_instance(l.kernel, p);
+    return p;
+  };
+  for (const plan::ExpertLaunch& l : pl.experts) {
+    const bool gate_up = plan::expert_kernels()[l.kernel].gemm == plan::Gemm::GateUp;
+    ExpertsParams p = common(l);
+    if (l.shared) {
+      // 2a/2b. the unfused shared MLP: one dense "expert" of width Is, every token one pair
+      p.w = gate_up ? shared_w13.as<__nv_bfloat16>() : shared_w2.as<__nv_bfloat16>();
+      p.inter = Is;
+      p.rows = gate_up ? Is : H;
+      p.k = gate_up ? H : Is;
+      p.x = gate_up ? static_cast<const __nv_bfloat16*>(x) : shared_h.as<__nv_bfloat16>();
+      p.x_row_div = 1;
+      p.pair_list = pair_identity.as<int>();
+      p.tasks = shared_tasks.as<ExpertTask>();
+      p.num_tasks = &ctr->num_shared_tasks;
+      p.task_capacity = ceil_div(opt.max_tokens, 8);
+      p.pair_capacity = tokens;
+      p.work_counter = &ctr->work[gate_up ? 2 : 3];
+      if (gate_up) {
+        p.h = shared_h.as<__nv_bfloat16>();
+      } else {
+        p.partial = shared_partial.as<float>();
+      }
+    } else if (gate_up) {
+      // 3. routed (+ fused shared) gate/up
+      p.w = w13.as<__nv_bfloat16>();
+      p.w_expert_stride = static_cast<long long>(2) * I * H;
+      p.bias = spec.has_expert_bias ? b13.as<float>() : nullptr;
+      p.bias_expert_stride = static_cast<long long>(2) * I;
+      p.inter = I;
+      p.rows = I;
+      p.k = H;
+      p.x = static_cast<const __nv_bfloat16*>(x);
+      p.x_row_div = slots;
+      p.pair_list = pair_list.as<int>();
+      p.tasks = tasks.as<ExpertTask>();
+      p.num_tasks = &ctr->num_tasks;
+      p.task_capacity = max_tasks;
+      p.pair_capacity = tokens * slots;
+      p.work_counter = &ctr->work[0];
+      p.h = h.as<__nv_bfloat16>();
+      p.trace = trace;
+      if (!pl.routing_kernel) {
+        p.route = rp;
+        // (no align step before it zeroes work[0]: its own counters, which it leaves zeroed)
+        p.work_counter = &ctr->self_route_work;
+        p.self_route_ctas_done = &ctr->self_route_ctas_done;
+      }
+      if (l.early_shared > 0) {
+        p.early_shared = l.early_shared;
+        p.first_shared_expert = E;
+        p.tokens = tokens;
+        p.slots = slots;
+      }
+    } else {
+      // 4. down + weighted combine
+      p.w = w2.as<__nv_bfloat16>();
+      p.w_expert_stride = static_cast<long long>(H) * I;
+      p.bias = spec.has_expert_bias ? b2.as<float>() : nullptr;
+      p.bias_expert_stride = H;
+      p.inter = I;
+      p.rows = H;
+      p.k = I;
+      p.x = h.as<__nv_bfloat16>();
+      p.x_row_div = 1;
+      p.pair_list = pair_list.as<int>();
+      p.tasks = tasks.as<ExpertTask>();
+      p.num_tasks = &ctr->num_tasks;
+      p.task_capacity = max_tasks;
+      p.pair_capacity = tokens * slots;
+      p.work_counter = &ctr->work[1];
+      p.partial = partial.as<float>();
+      p.tile_counters = tile_counters.as<int>();
+      p.tokens = tokens;
+      p.slots = slots;
+      p.slot_weights = weights.as<float>();
+      p.shared_partial = shared_unfused ? shared_partial.as<float>() : nullptr;
+      p.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
+      p.y = static_cast<__nv_bfloat16*>(y);
+      p.trace = trace;
+    }
+    launch_expert_kernel(l.kernel, p, l.grid, pl.pdl, st);
+  }
+}
+
+}  // namespace moekit::cuda

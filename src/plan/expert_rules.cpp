@@ -1,0 +1,136 @@
+// The plan's rules (expert_rules.h). Thresholds and their reasons: docs/decisions/<rule>.md.
+#include "plan/expert_rules.h"
+
+#include "moekit/error.h"
+#include "plan/expert_kernels.h"
+
+namespace moekit::plan {
+
+int experts_chunk(int tokens) { return tokens <= 256 ? 8 : 16; }
+
+Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16) {
+  if (tokens <= 256) return Stream::Bulk;
+  // why hidden: regs-early beats tasks of 16 on wide experts, tasks of 16 beat regs below
+  if (hidden >= 4096) return Stream::RegistersEarlyActs;
+  return tasks_of_16 ? Stream::Bulk : Stream::Registers;
+}
+
+bool experts_task16_ring(int tokens, int top_k, int experts, int setting) {
+  // why 8 per expert: below it the ring's two n-tiles cost more than the re-streams they save
+  constexpr int kFromTokensPerExpert = 8;
+  const int from = setting >= 0 ? setting : kFromTokensPerExpert;
+  if (from == 0 || tokens <= 8) return false;  // (8 tokens fill one chunk-8 task)
+  return static_cast<long long>(tokens) * top_k >= static_cast<long long>(from) * experts;
+}
+
+bool experts_l2_acts_ring(int tokens, int chunk, int inter, int top_k, int experts, int setting) {
+  const long long slots = static_cast<long long>(tokens) * top_k;  // routed token-slots
+  const bool within = setting >= 0
+                          ? tokens <= setting
+                          : slots <= 2LL * experts || (tokens <= 48 && slots <= 3LL * experts);
+  // why not one token: it has its own rings; why not short down rows below 8 tokens: the deep
+  // ring runs there
+  return chunk == 8 && tokens >= 2 && within && (tokens >= 8 || inter > 1024);
+}
+
+bool experts_l2_keep(int tokens, int hidden, int chunk, int setting) {
+  if (chunk != 8) return false;
+  if (setting >= 0) return setting > 0 && tokens >= setting;
+  // why the hidden size: ~132 CTAs stream one item each between a row's two reads, ~21-30 MB at
+  // hidden 5120-7168, which evicts evict-first lines; at 2048 they survive anyway
+  return tokens >= 32 && hidden >= 5120;
+}
+
+int experts_down_tail(int tokens, int hidden, int chunk, int setting) {
+  if (chunk != 8) return 0;
+  if (setting >= 0) return setting;
+  return hidden >= 7168 && tokens >= 2 && tokens <= 128 ? 20 : 0;
+}
+
+int experts_gate_up_half_items(int tokens, int hidden, int chunk, int setting,
+                               int one_token_rings) {
+  if (chunk != 8) return 0;
+  if (setting >= 0) return setting;
+  if (tokens == 1 && one_token_rings != 0) return 0;
+  return hidden >= 7168 && tokens <= 8 ? 1 : 0;
+}
+
+int experts_down_copy_pieces(int tokens, int k, int split_tokens) {
+  return tokens <= split_tokens && k == 2048 ? 2 : 1;
+}
+
+bool experts_down_deep_ring(int tokens, int k, int deep_tokens) {
+  return tokens <= deep_tokens && k <= 1024;
+}
+
+bool experts_down_one_token_ring(int tokens, int k, int enabled) {
+  return enabled != 0 && tokens == 1 && k <= 12 * kBlockK;
+}
+
+bool experts_down_wide_one_token_ring(int tokens, int k, int enabled) {
+  return enabled != 0 && tokens == 1 && k == 32 * kBlockK;
+}
+
+bool experts_gate_up_one_token_ring(int tokens, int hidden, bool self_route, int enabled) {
+  // why one-chunk rows only when self-routed: with the routing kernel before it they lost
+  return enabled != 0 && tokens == 1 && (self_route || hidden > 32 * kBlockK);
+}
+
+int experts_down_grid(int resident, int rows, int tokens, int whole_tile_tokens) {
+  // why: a CTA's contiguous range then holds whole tiles, so no tile waits on the counter's
+  // fence and atomic at the CTA's end
+  const int tiles = rows / 16;
+  const bool whole = tokens <= whole_tile_tokens && tiles <= resident &&
+                     (resident - tiles) * 16 <= resident;
+  return whole ? tiles : resident;
+}
+
+bool experts_shared_dense_over_fused(int tokens, int chunk, long long shared_weight_bytes) {
+  // The fused slots stream the shared weights once per task of `chunk` tokens, all but the first
+  // from L2; the dense GEMMs stream them once, for three launches and cuBLAS' smaller GEMMs.
+  constexpr long long kDenseFromReStreamedBytes = 100'000'000;
+  const long long re_streams = (tokens + chunk - 1) / chunk - 1;
+  return re_streams * shared_weight_bytes >= kDenseFromReStreamedBytes;
+}
+
+int select_expert_kernel(const KernelChoice& c) {
+  MK_CHECK(c.chunk == 8 || c.chunk == 16,
+           "no expert kernel for chunk " << c.chunk << " (expected 8 or 16)");
+  const bool gate_up = c.gemm == Gemm::GateUp;
+  ExpertKernel k;
+  k.gemm = c.gemm;
+  k.stream = c.stream;
+  k.n_tiles = c.chunk / 8;
+  if (c.stream != Stream::Bulk) {
+    // registers: kUnroll per GEMM and chunk; a down reduction of <= 16 k blocks is one round of
+    // 4 warps, so 4-warp CTAs (twice the items in flight, no idle warps)
+    const bool late = c.stream == Stream::Registers;
+    const bool chunk8 = c.chunk == 8;
+    k.unroll = late ? (chunk8 ? (gate_up ? 5 : 4) : 3) : (chunk8 ? 3 : 2);
+    k.warps = late && chunk8 && !gate_up && c.k / kBlockK <= 16 ? 4 : 8;
+    k.ctas_per_sm = 16 / k.warps;
+  } else if (c.chunk == 16) {
+    k.ring = c.ring == Ring::WeightsOnly ? Ring::WeightsOnly : Ring::Standard;
+  } else if (c.ring == Ring::WeightsOnly) {
+    k.ring = Ring::WeightsOnly;
+    k.l2_keep = c.l2_keep;
+    k.down_tail = !gate_up && c.down_tail;
+  } else if (!gate_up && c.ring != Ring::Standard) {
+    k.ring = c.ring;  // the down rings: no split copies, keep or tail instances
+  } else if (!gate_up) {
+    k.split_rows = c.split_rows;
+    k.down_tail = c.down_tail;
+    k.l2_keep = c.l2_keep && !c.split_rows;
+  } else if (c.l2_keep) {
+    k.l2_keep = true;  // (no one-token, half-item or self-routing instance keeps)
+  } else {
+    k.ring = c.ring == Ring::OneToken ? Ring::OneToken : Ring::Standard;
+    k.self_route = c.self_route && !c.half_items;
+    k.half_items = c.half_items;
+  }
+  const int index = find_expert_kernel(k);
+  MK_CHECK(index >= 0, "no expert kernel instance for " << describe(k));
+  return index;
+}
+
+}  // namespace moekit::plan

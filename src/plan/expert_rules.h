@@ -1,0 +1,96 @@
+// The rules of the layer plan (plan_layer, src/plan/plan.cpp composes them): pure functions of
+// the shapes, the batch and one setting each (-1: the rule's default; PlanOverrides). Host-only.
+// Each rule's comment names its page in docs/decisions/, which holds the A/B that set it.
+#pragma once
+
+#include "moekit/plan.h"
+
+namespace moekit::plan {
+
+// The defaults of the settings that are plain numbers (PlanOverrides: -1 takes these).
+constexpr int kGateUpTailPercent = 35;   // docs/decisions/experts_gate_up_tail.md
+constexpr int kSharedFirstTokens = 32;   // docs/decisions/experts_shared_first.md
+constexpr int kWholeTileTokens = 4;      // docs/decisions/experts_down_whole_tiles.md
+constexpr int kDownSplitTokens = 8;      // docs/decisions/experts_down_split_rows.md
+constexpr int kDownDeepTokens = 8;       // docs/decisions/experts_down_deep_ring.md
+constexpr int kOneTokenRings = 1;        // docs/decisions/experts_one_token_rings.md
+constexpr int kSelfRouteTokens = 1;      // docs/decisions/experts_self_route.md
+constexpr int kSharedDenseTokens = 8;    // docs/decisions/shared_dense.md
+constexpr int kBlockK = 64;              // the expert kernels' k block (elements)
+
+// Tokens per task below tasks of 16 through the ring of weights only: 8 up to 256 tokens, else 16.
+int experts_chunk(int tokens);
+
+// The kernel family: bulk up to 256 tokens; above, regs-early for hidden >= 4096, else bulk
+// with tasks of 16 where experts_task16_ring holds, else regs (docs/decisions/
+// experts_stream_default.md).
+Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16);
+
+// Whether the bulk kernels run tasks of up to 16 tokens through the ring of weights only, so that
+// an expert of 9-16 tokens streams its weights once: from 9 tokens and `from` (setting, else 8)
+// routed tokens per expert on average (docs/decisions/experts_task16_ring.md).
+bool experts_task16_ring(int tokens, int top_k, int experts, int setting);
+
+// Whether both bulk kernels take the ring of weights only at chunk 8: from 2 tokens, not below 8
+// tokens with down rows of <= 2 KB, up to `setting` tokens, else while an expert's tasks are
+// short: tokens x top_k <= 2 x experts, or <= 3 x experts up to 48 tokens
+// (docs/decisions/experts_l2_acts_ring.md).
+bool experts_l2_acts_ring(int tokens, int chunk, int inter, int top_k, int experts, int setting);
+
+// Whether the bulk kernels keep re-read weight rows in L2 (chunk 8): from `setting` tokens for
+// every hidden size, else from 32 tokens for hidden >= 5120 (docs/decisions/experts_l2_keep.md).
+bool experts_l2_keep(int tokens, int hidden, int chunk, int setting);
+
+// The % of the bulk down kernel's tiles taken dynamically (chunk 8): `setting`, else 20 from 2 to
+// 128 tokens at hidden >= 7168 (docs/decisions/experts_down_tail.md).
+int experts_down_tail(int tokens, int hidden, int chunk, int setting);
+
+// Half items per CTA of the bulk gate/up kernel's tail (chunk 8): `setting`, else 1 up to 8
+// tokens at hidden >= 7168, but none at one token with the one-token rings on
+// (docs/decisions/experts_gate_up_half_items.md).
+int experts_gate_up_half_items(int tokens, int hidden, int chunk, int setting, int one_token_rings);
+
+// The bulk down kernel's weight rows in two copies: 2 when tokens <= split_tokens and a row is
+// exactly 4 KB (k 2048), else 1 (docs/decisions/experts_down_split_rows.md).
+int experts_down_copy_pieces(int tokens, int k, int split_tokens);
+
+// The bulk down kernel's deep ring: tokens <= deep_tokens and rows of <= 2 KB (k <= 1024)
+// (docs/decisions/experts_down_deep_ring.md).
+bool experts_down_deep_ring(int tokens, int k, int deep_tokens);
+
+// The one-token rings (docs/decisions/experts_one_token_rings.md), each where `enabled`: the
+// down kernel's for rows of <= 1.5 KB (k <= 768) and for rows of exactly 4 KB (k 2048); the
+// gate/up kernel's when it routes the token itself or rows are of several 4 KB chunks.
+bool experts_down_one_token_ring(int tokens, int k, int enabled);
+bool experts_down_wide_one_token_ring(int tokens, int k, int enabled);
+bool experts_gate_up_one_token_ring(int tokens, int hidden, bool self_route, int enabled);
+
+// The bulk down kernel's grid: one CTA per 16-row output tile when tokens <= whole_tile_tokens
+// and that leaves at most 1/16 of the resident CTAs idle, else the resident grid
+// (docs/decisions/experts_down_whole_tiles.md).
+int experts_down_grid(int resident, int rows, int tokens, int whole_tile_tokens);
+
+// Whether the unfused shared MLP as dense GEMMs beats its fused slots: once the fused slots'
+// tasks of `chunk` tokens would stream the shared weights again 100 MB or more
+// (docs/decisions/fuse_shared_auto.md).
+bool experts_shared_dense_over_fused(int tokens, int chunk, long long shared_weight_bytes);
+
+// Without the dense path: fuse, except several shared slots from 32 tokens
+// (docs/decisions/fuse_shared_auto.md).
+constexpr int kUnfusedFromTokensWithManySlots = 32;
+
+// The index into expert_kernels() that runs a launch with these choices (the precedence of the
+// bulk instances: a ring shape other than the standard one and the weights-only ring takes the
+// place of the split copies, the L2 keep and the tail). Throws when no instance exists.
+struct KernelChoice {
+  Gemm gemm = Gemm::GateUp;
+  int chunk = 8;
+  Stream stream = Stream::Bulk;
+  int k = 0;                  // reduction length: hidden (gate/up) or the expert width (down)
+  Ring ring = Ring::Standard;
+  bool split_rows = false, l2_keep = false, down_tail = false, half_items = false;
+  bool self_route = false;
+};
+int select_expert_kernel(const KernelChoice& c);
+
+}  // namespace moekit::plan

@@ -1,0 +1,233 @@
+// plan_layer (moekit/plan.h): the composition of the rules (expert_rules.h) into one forward's
+// launches, in the order the GPU layer runs them (src/cuda/layer/layer_forward.cu):
+//   0. the dense shared MLP (cuBLAS), unfused only: it needs x only, so it goes first and leaves
+//      the chain of programmatic launches from the router GEMM to the down kernel as it is
+//   1. router GEMM   2. routing + dispatch (unless the gate/up kernel routes its one token)
+//   2a/2b. the unfused shared MLP through the expert kernels, one dense "expert" of width Is
+//   3. routed (+ fused shared) gate/up   4. down + weighted combine
+#include <algorithm>
+
+#include "moekit/error.h"
+#include "moekit/plan.h"
+#include "plan/expert_kernels.h"
+#include "plan/expert_rules.h"
+
+namespace moekit::plan {
+namespace {
+
+int or_default(int setting, int fallback) { return setting >= 0 ? setting : fallback; }
+
+// The settings of one layer: each override, or its rule's default.
+struct Settings {
+  int gate_up_tail, shared_first, whole_tiles, down_split, down_deep, one_token_rings;
+  int weights_only, l2_keep_from, down_tail, half_items, self_route, task16, shared_dense;
+  explicit Settings(const PlanOverrides& o, bool has_shared)
+      : gate_up_tail(or_default(o.gate_up_tail_percent, kGateUpTailPercent)),
+        shared_first(or_default(o.shared_first_tokens, kSharedFirstTokens)),
+        whole_tiles(or_default(o.whole_tile_tokens, kWholeTileTokens)),
+        down_split(or_default(o.down_split_tokens, kDownSplitTokens)),
+        down_deep(or_default(o.down_deep_tokens, kDownDeepTokens)),
+        one_token_rings(or_default(o.one_token_rings, kOneTokenRings)),
+        weights_only(o.weights_only_tokens),
+        l2_keep_from(o.l2_keep_from_tokens),
+        down_tail(o.down_tail_percent),
+        half_items(o.half_items_per_cta),
+        self_route(or_default(o.self_route_tokens, kSelfRouteTokens)),
+        task16(o.task16_from),
+        shared_dense(has_shared ? or_default(o.shared_dense_tokens, kSharedDenseTokens) : 0) {}
+};
+
+struct Shapes {
+  int E, S, H, I, Is, K;
+  bool has_shared, can_fuse;
+  explicit Shapes(const MoeSpec& s)
+      : E(s.num_experts),
+        S(s.can_fuse_shared() ? s.shared_slots() : 0),
+        H(s.hidden),
+        I(s.expert_intermediate),
+        Is(s.shared_kind != SharedKind::None && s.shared_intermediate > 0 ? s.shared_intermediate
+                                                                          : 0),
+        K(s.top_k),
+        has_shared(Is > 0),
+        can_fuse(s.can_fuse_shared()) {}
+};
+
+Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, int tokens) {
+  if (o.stream) return *o.stream;
+  return experts_stream_default(sh.H, tokens,
+                                experts_task16_ring(tokens, sh.K, sh.E, st.task16));
+}
+
+bool task16_at(const Shapes& sh, const Settings& st, Stream stream, int tokens) {
+  return stream == Stream::Bulk && experts_task16_ring(tokens, sh.K, sh.E, st.task16);
+}
+
+int chunk_at(const Shapes& sh, const Settings& st, Stream stream, int tokens) {
+  return task16_at(sh, st, stream, tokens) ? 16 : experts_chunk(tokens);
+}
+
+bool dense_shared_at(const Shapes& sh, const Settings& st, int tokens) {
+  return sh.has_shared && st.shared_dense > 0 && tokens >= st.shared_dense;
+}
+
+// Fused or not, and why (a static string).
+bool resolve_fused(const MoeSpec& spec, const Shapes& sh, const Settings& st, Stream stream,
+                   FuseShared fuse, int tokens, const char** why) {
+  if (!sh.has_shared) {
+    *why = "no shared expert";
+    return false;
+  }
+  switch (fuse) {
+    case FuseShared::On:
+      MK_CHECK(sh.can_fuse, "cannot fuse the shared expert of "
+                                << spec.name << ": shared_intermediate (" << spec.shared_intermediate
+                                << ") is not a whole multiple of expert_intermediate (" << sh.I
+                                << ")");
+      *why = "on";
+      return true;
+    case FuseShared::Off:
+      *why = "off";
+      return false;
+    case FuseShared::Auto:
+      break;
+  }
+  if (!sh.can_fuse) {
+    *why = "auto: shared width not a multiple of the expert width";
+    return false;
+  }
+  if (dense_shared_at(sh, st, tokens)) {
+    const long long shared_bytes = 3LL * sh.Is * sh.H * 2;  // bf16 gate, up, down
+    if (experts_shared_dense_over_fused(tokens, chunk_at(sh, st, stream, tokens), shared_bytes)) {
+      *why = "auto: the fused slots would re-stream the shared weights >= 100 MB";
+      return false;
+    }
+    *why = "auto: the fused slots re-stream the shared weights < 100 MB";
+    return true;
+  }
+  if (sh.S > 1 && tokens >= kUnfusedFromTokensWithManySlots) {
+    *why = "auto: several shared slots from 32 tokens";
+    return false;
+  }
+  *why = "auto: fused below the dense shared MLP";
+  return true;
+}
+
+}  // namespace
+
+LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
+                     const PlanOverrides& overrides, const DeviceInfo& device) {
+  MK_CHECK(tokens >= 1, "plan_layer: expected tokens >= 1, got " << tokens);
+  MK_CHECK(device.sms >= 1, "plan_layer: expected a device with >= 1 SM, got " << device.sms);
+  const Shapes sh(spec);
+  const Settings st(overrides, sh.has_shared);
+  LayerPlan p;
+  p.model = spec.name;
+  p.tokens = tokens;
+  p.device = device;
+  p.pdl = overrides.pdl;
+  p.stream = stream_at(sh, st, overrides, tokens);
+  const bool bulk = p.stream == Stream::Bulk;
+  const bool task16 = task16_at(sh, st, p.stream, tokens);
+  p.chunk = task16 ? 16 : experts_chunk(tokens);
+  p.fused = resolve_fused(spec, sh, st, p.stream, fuse, tokens, &p.fuse_reason);
+  const int s_run = p.fused ? sh.S : 0;
+  p.slots = sh.K + s_run;
+
+  const int chunk = p.chunk;
+  const bool l2_keep = experts_l2_keep(tokens, sh.H, chunk, st.l2_keep_from);
+  const int down_tail = bulk ? experts_down_tail(tokens, sh.H, chunk, st.down_tail) : 0;
+  // the ring of weights only in place of the half items, the split copies and the deep rings
+  const bool weights_only =
+      task16 || (bulk && experts_l2_acts_ring(tokens, chunk, sh.I, sh.K, sh.E, st.weights_only));
+  const int half_items = bulk && !l2_keep && !weights_only
+                             ? experts_gate_up_half_items(tokens, sh.H, chunk, st.half_items,
+                                                          st.one_token_rings)
+                             : 0;
+  const bool self_route = bulk && chunk == 8 && tokens <= st.self_route && !sh.has_shared &&
+                          sh.E <= 128 && !l2_keep && half_items == 0;
+  const bool shared_unfused = sh.has_shared && !p.fused;
+  p.dense_shared = shared_unfused && dense_shared_at(sh, st, tokens);
+  p.routing_kernel = !self_route;
+  p.router = tuning::choose_router_gemm(device.arch, spec.router_dtype, sh.H,
+                                        spec.router_columns(), tokens);
+
+  // a launch's resident grid: SMs x its instance's CTAs per SM
+  auto resident = [&](int kernel) { return device.sms * expert_kernels()[kernel].ctas_per_sm; };
+  const bool halves = half_items > 0 && chunk == 8;
+
+  // 2a/2b. the unfused shared MLP through the expert kernels
+  if (shared_unfused && !p.dense_shared) {
+    ExpertLaunch g;
+    g.role = "shared gate/up";
+    g.shared = true;
+    g.kernel = select_expert_kernel({.gemm = Gemm::GateUp, .chunk = chunk, .stream = p.stream,
+                                     .k = sh.H, .l2_keep = l2_keep, .half_items = halves});
+    g.grid = resident(g.kernel);
+    g.dynamic_tail_percent = bulk ? st.gate_up_tail : 0;
+    g.half_items_per_cta = half_items;
+    p.experts.push_back(g);
+    ExpertLaunch d;
+    d.role = "shared down";
+    d.shared = true;
+    d.kernel = select_expert_kernel(
+        {.gemm = Gemm::Down, .chunk = chunk, .stream = p.stream, .k = sh.Is, .l2_keep = l2_keep});
+    d.grid = resident(d.kernel);
+    p.experts.push_back(d);
+  }
+
+  // 3. routed (+ fused shared) gate/up
+  ExpertLaunch g;
+  g.role = "gate/up";
+  Ring gate_up_ring = Ring::Standard;
+  if (weights_only) {
+    gate_up_ring = Ring::WeightsOnly;
+  } else if (!l2_keep &&
+             experts_gate_up_one_token_ring(tokens, sh.H, self_route, st.one_token_rings)) {
+    gate_up_ring = Ring::OneToken;
+  }
+  g.kernel = select_expert_kernel({.gemm = Gemm::GateUp, .chunk = chunk, .stream = p.stream,
+                                   .k = sh.H, .ring = gate_up_ring, .l2_keep = l2_keep,
+                                   .half_items = halves, .self_route = self_route});
+  g.grid = resident(g.kernel);
+  g.dynamic_tail_percent = bulk ? st.gate_up_tail : 0;
+  g.half_items_per_cta = half_items;
+  if (s_run > 0 && bulk && tokens <= st.shared_first) g.early_shared = s_run;
+  p.experts.push_back(g);
+
+  // 4. down + weighted combine. The down rings have no tail instances (a tail, only ever forced
+  // where one would be, wins); the 4 KB one-token ring takes the place of the split copies; the
+  // ring of weights only the place of all the others.
+  ExpertLaunch d;
+  d.role = "down";
+  Ring down_ring = Ring::Standard;
+  if (weights_only) {
+    down_ring = Ring::WeightsOnly;
+  } else if (down_tail > 0) {
+    down_ring = Ring::Standard;
+  } else if (experts_down_wide_one_token_ring(tokens, sh.I, st.one_token_rings)) {
+    down_ring = Ring::OneToken;
+  } else if (experts_down_deep_ring(tokens, sh.I, st.down_deep)) {
+    down_ring = experts_down_one_token_ring(tokens, sh.I, st.one_token_rings)
+                    ? Ring::OneTokenNarrow
+                    : Ring::Deep;
+  }
+  const bool chunk8_ring = chunk == 8 || down_ring == Ring::WeightsOnly;
+  const Ring launched_ring = chunk8_ring ? down_ring : Ring::Standard;
+  const bool one_copy = launched_ring == Ring::OneToken || launched_ring == Ring::WeightsOnly;
+  const int pieces = one_copy ? 1 : experts_down_copy_pieces(tokens, sh.I, st.down_split);
+  d.kernel = select_expert_kernel({.gemm = Gemm::Down, .chunk = chunk, .stream = p.stream,
+                                   .k = sh.I, .ring = launched_ring, .split_rows = pieces == 2,
+                                   .l2_keep = l2_keep, .down_tail = down_tail > 0 && chunk == 8});
+  d.grid = bulk ? experts_down_grid(resident(d.kernel), sh.H, tokens, st.whole_tiles)
+                : resident(d.kernel);
+  d.down_tail_percent = down_tail;
+  d.combine = true;
+  p.experts.push_back(d);
+  return p;
+}
+
+int own_launches(const LayerPlan& p) {
+  return 1 + (p.routing_kernel ? 1 : 0) + static_cast<int>(p.experts.size());
+}
+
+}  // namespace moekit::plan

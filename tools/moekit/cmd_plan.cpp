@@ -1,0 +1,98 @@
+// `moekit plan --model M --batch 1,32,4096 [--fuse-shared auto|on|off] [--device-info sm90|live]
+// [--json]`: which kernels a GPU forward runs at each batch and why (moekit/plan.h), without a
+// GPU unless --device-info live; the environment's plan knobs apply as they do for `bench`.
+// `moekit list-kernels`: every compiled expert-kernel instance of the plan's table.
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_context.h"
+#include "commands.h"
+#include "moekit/cuda_layer.h"
+#include "moekit/error.h"
+#include "moekit/plan.h"
+#include "moekit/spec.h"
+#include "token_list.h"
+
+namespace moekit::cli {
+namespace {
+
+struct PlanOptions {
+  std::string model;
+  std::string batches = "1,32,128";
+  std::string fuse = "auto";
+  std::string device_info = "sm90";
+  bool json = false;
+};
+
+plan::DeviceInfo device_info(const std::string& name) {
+  if (name != "live") return plan::device_profile(name);
+  std::string why;
+  MK_CHECK(cuda::available(&why), "--device-info live: no usable GPU: " << why);
+  return cuda::live_device_info(0);
+}
+
+int run_plan(const PlanOptions& o) {
+  const MoeSpec spec = load_spec(o.model);
+  const plan::DeviceInfo dev = device_info(o.device_info);
+  const FuseShared fuse = parse_fuse_shared(o.fuse);
+  nlohmann::json plans = nlohmann::json::array();
+  for (const int t : parse_token_list(o.batches, "--batch")) {
+    const plan::LayerPlan p = plan::plan_layer(spec, t, fuse, env_overrides(), dev);
+    if (o.json) {
+      plans.push_back(nlohmann::json::parse(plan::to_json(p)));
+    } else {
+      std::printf("%s", plan::describe(p).c_str());
+    }
+  }
+  if (o.json) std::printf("%s\n", plans.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_plan_commands(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plan", "Print which kernels a GPU forward runs, and why");
+  auto o = std::make_shared<PlanOptions>();
+  cmd->add_option("--model,-m", o->model, "Short name or path to config.json")->required();
+  cmd->add_option("--batch,-b", o->batches, "Token counts: '1,32,4096', '1-16'")
+      ->capture_default_str();
+  cmd->add_option("--fuse-shared", o->fuse, "auto|on|off")->capture_default_str();
+  cmd->add_option("--device-info", o->device_info, "sm90|sm100 (profiles) or live (the GPU)")
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print the plans as JSON");
+  cmd->callback([o] {
+    const int status = run_plan(*o);
+    if (status != 0) throw CLI::RuntimeError(status);
+  });
+
+  auto* list = app.add_subcommand("list-kernels", "List every compiled expert-kernel instance");
+  auto as_json = std::make_shared<bool>(false);
+  list->add_flag("--json", *as_json, "Print the instances as JSON");
+  list->callback([as_json] {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const plan::ExpertKernel& k : plan::expert_kernels()) {
+      if (!*as_json) {
+        std::printf("%s\n", plan::describe(k).c_str());
+        continue;
+      }
+      arr.push_back({{"name", k.name},
+                     {"gemm", plan::gemm_name(k.gemm)},
+                     {"stream", plan::stream_name(k.stream)},
+                     {"n_tiles", k.n_tiles},
+                     {"ring", plan::ring_name(k.ring)},
+                     {"split_rows", k.split_rows},
+                     {"l2_keep", k.l2_keep},
+                     {"down_tail", k.down_tail},
+                     {"half_items", k.half_items},
+                     {"self_route", k.self_route},
+                     {"unroll", k.unroll},
+                     {"warps", k.warps},
+                     {"ctas_per_sm", k.ctas_per_sm}});
+    }
+    if (*as_json) std::printf("%s\n", arr.dump(2).c_str());
+  });
+}
+
+}  // namespace moekit::cli
