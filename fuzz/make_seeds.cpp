@@ -3,6 +3,8 @@
 // save_checkpoint per-expert, stacked, and with F32 / fp8-e4m3 experts, each file followed by the
 // byte that selects its family in fuzz_checkpoint. Generated rather than committed: they are a
 // few kB each, and regenerating keeps them in step with the writer.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,7 +25,15 @@ int main(int argc, char** argv) {
   namespace fs = std::filesystem;
   const fs::path out = argv[1];
   fs::create_directories(out);
-  const fs::path work = fs::temp_directory_path() / "moekit_fuzz_make_seeds";
+  // A directory of this run's own (mkdtemp): parallel runs, or another user's leftover directory of
+  // a fixed name, cannot collide with it or redirect its writes.
+  std::string work_template = (fs::temp_directory_path() / "moekit_fuzz_make_seeds_XXXXXX").string();
+  if (::mkdtemp(work_template.data()) == nullptr) {
+    std::perror("fuzz_make_seeds: mkdtemp");
+    return 1;
+  }
+  const fs::path work_root = work_template;
+  const fs::path work = work_root / "checkpoint";
   const auto& models = moekit::fuzz::checkpoint_models();
   int written = 0;
   for (size_t m = 0; m < models.size(); ++m) {
@@ -58,7 +68,7 @@ int main(int argc, char** argv) {
       ++written;
     }
   }
-  fs::remove_all(work);
+  fs::remove_all(work_root);
   std::printf("fuzz_make_seeds: %d seeds in %s\n", written, out.string().c_str());
   return written > 0 ? 0 : 1;
 }

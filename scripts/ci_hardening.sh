@@ -6,7 +6,9 @@
 #      suite runs it).
 #   2. The libFuzzer targets of fuzz/ built with clang-14 (+ ASan + UBSan), each run for
 #      MOEKIT_FUZZ_SECONDS (default 60) from seeds: configs/, the golden test files, fuzz/corpus/
-#      and the tiny checkpoints fuzz_make_seeds writes. A crash, sanitizer report, leak, timeout
+#      and the tiny checkpoints fuzz_make_seeds writes, with the target's dictionary
+#      (fuzz/<target>.dict) and inputs up to MOEKIT_FUZZ_MAX_LEN bytes (default 131072: enough for
+#      the JSON nesting limit and header sizes past it). A crash, sanitizer report, leak, timeout
 #      or out-of-memory fails the script and leaves the reproducer under <fuzz build>/artifacts/.
 # Environment: MOEKIT_ASAN_BUILD_DIR (build-asan), MOEKIT_FUZZ_BUILD_DIR (build-fuzz),
 # MOEKIT_FUZZ_SECONDS (60), MOEKIT_HARDENING_SKIP_ASAN=1 / MOEKIT_HARDENING_SKIP_FUZZ=1.
@@ -17,6 +19,7 @@ jobs=$(nproc)
 asan_dir=${MOEKIT_ASAN_BUILD_DIR:-build-asan}
 fuzz_dir=${MOEKIT_FUZZ_BUILD_DIR:-build-fuzz}
 fuzz_seconds=${MOEKIT_FUZZ_SECONDS:-60}
+fuzz_max_len=${MOEKIT_FUZZ_MAX_LEN:-131072}
 start=$(date +%s)
 stamp() { echo "hardening: $1 ($(( $(date +%s) - start )) s)"; }
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
@@ -73,7 +76,8 @@ if [ "${MOEKIT_HARDENING_SKIP_FUZZ:-0}" != 1 ]; then
     log="$fuzz_dir/fuzz_$target.log"
     # -timeout: one input taking > 10 s is a hang; -rss_limit_mb: a parser must not need 2 GB.
     if "$fuzz_dir/fuzz/fuzz_$target" -max_total_time="$fuzz_seconds" -timeout=10 \
-         -rss_limit_mb=2048 -print_final_stats=1 \
+         -rss_limit_mb=2048 -print_final_stats=1 -max_len="$fuzz_max_len" \
+         -dict="fuzz/fuzz_$target.dict" \
          -artifact_prefix="$fuzz_dir/artifacts/$target-" \
          "$fuzz_dir/corpus/$target" "$seeds/$target" >"$log" 2>&1; then
       stamp "fuzz_$target: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" |

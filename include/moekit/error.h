@@ -2,7 +2,8 @@
 //
 // Library code never exits or returns integer codes: it throws moekit::Error carrying the
 // function, file:line and a streamed message ("expected X, got Y"). Only main() turns an Error
-// into an exit status. MK_CUDA_CHECK lives in src/cuda/common/cuda_check.h so this header stays CUDA-free.
+// into an exit status. MK_CUDA_CHECK lives in src/cuda/common/cuda_check.h so this header stays
+// CUDA-free.
 #pragma once
 
 #include <sstream>

@@ -8,6 +8,10 @@
 // overflow-safe arithmetic), so a truncated or hostile file fails at open with a message naming
 // the file and the tensor, never later with a wild read. Tensor data is not touched until used:
 // the pages of an expert nobody routes to are never read from disk.
+//
+// Precondition: the file is not truncated while a SafetensorsFile maps it. Every data() and
+// raw_data() call checks the file's current size and throws when it shrank, so the loaders'
+// reads fail with an error; a pointer obtained before the truncation can still fault (SIGBUS).
 #pragma once
 
 #include <cstddef>
@@ -60,12 +64,15 @@ class SafetensorsFile {
   // dtype as dtype() does; raw_data() does not.
   const void* data(const std::string& name) const;
   const void* raw_data(const std::string& name) const;
+  // Throws when the file on disk is now shorter than when it was mapped.
+  void check_intact() const;
 
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
   std::string path_;
   const uint8_t* map_ = nullptr;
+  int fd_ = -1;  // open for check_intact()
   size_t file_size_ = 0;
   const uint8_t* data_section_ = nullptr;
   std::map<std::string, SafetensorsTensorInfo> tensors_;

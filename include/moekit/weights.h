@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "moekit/dtype.h"
+#include "moekit/memory_estimate.h"
 #include "moekit/spec.h"
 
 namespace moekit {
@@ -94,7 +95,8 @@ std::unique_ptr<LayerWeights> load_checkpoint_weights(const MoeSpec& spec, int l
 // Memory a forward over `tokens` tokens needs on the host: router, shared expert, and at most
 // min(E, tokens * k) materialised experts (+ fused slots), in bytes.
 size_t host_bytes_needed(const MoeSpec& spec, int tokens, bool fused);
-// Throws "needs X GB, Y GB available" when host_bytes_needed exceeds the available memory.
+// Throws "needs X GB of host memory for <spec> ..., Y GB available" when the whole estimate of
+// one forward (host_memory_estimate: weights, input, activations) exceeds what is available.
 void check_host_memory(const MoeSpec& spec, int tokens, bool fused);
 
 }  // namespace moekit

@@ -228,6 +228,7 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
 
   // fuse: On must be possible (from_spec throws naming the widths), Auto fuses when it can.
   const bool fused = fuse == FuseShared::On || (fuse == FuseShared::Auto && spec.can_fuse_shared());
+  check_forward_memory(w, tokens, fused);  // refuse before allocating, naming both sizes
 
   ForwardResult result;
   result.tokens = tokens;

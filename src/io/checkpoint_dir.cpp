@@ -7,46 +7,54 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/json_safe.h"
+#include "common/regular_file.h"
+#include "common/text_escape.h"
 #include "moekit/error.h"
 
 namespace moekit::io {
 
 namespace fs = std::filesystem;
 
-std::string TensorRef::where() const { return "'" + info->name + "' in " + file->path(); }
+std::string TensorRef::where() const {
+  return "'" + escape_text(info->name) + "' in " + escape_text(file->path());
+}
 
 CheckpointDir::CheckpointDir(const std::string& path) : path_(path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
-  MK_CHECK(!ec && fs::exists(st), "checkpoint path " << path << " does not exist");
+  const std::string shown = escape_text(path);
+  MK_CHECK(!ec && fs::exists(st), "checkpoint path " << shown << " does not exist");
   if (fs::is_regular_file(st)) {
     auto f = open(path);
     for (const std::string& n : f->names()) file_of_[n] = path;
     return;
   }
-  MK_CHECK(fs::is_directory(st),
-           "checkpoint path " << path << " is neither a directory nor a file");
+  MK_CHECK(fs::is_directory(st), "checkpoint path "
+                                     << shown << " is "
+                                     << (fs::is_fifo(st)                ? "a FIFO (named pipe)"
+                                         : fs::is_character_file(st) ? "a character device"
+                                         : fs::is_block_file(st)     ? "a block device"
+                                         : fs::is_socket(st)         ? "a socket"
+                                                                     : "neither a directory nor a file")
+                                     << ", expected a directory or a .safetensors file");
 
   const fs::path index = fs::path(path) / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      MK_FAIL("checkpoint index " << index.string() << " is not valid JSON (" << e.what() << ")");
-    }
+    const std::string where = "checkpoint index " + escape_text(index.string());
+    JsonLimits limits;
+    limits.reject_duplicate_keys = true;  // a tensor mapped to two files: which one is meant?
+    const nlohmann::json j = parse_json_bounded(
+        read_regular_file(index.string(), "checkpoint index", kMaxIndexBytes), where, limits);
     MK_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
-             "checkpoint index " << index.string() << ": expected an object with a 'weight_map' "
-                                 << "object");
+             where << ": expected an object with a 'weight_map' object, got " << describe_json(j));
     for (const auto& [name, file] : j["weight_map"].items()) {
-      MK_CHECK(file.is_string(), "checkpoint index " << index.string() << ": weight_map['" << name
-                                                     << "'] must be a file name, got "
-                                                     << file.dump());
+      MK_CHECK(file.is_string(), where << ": weight_map['" << escape_text(name)
+                                       << "'] must be a file name, got " << describe_json(file));
       const std::string f = file.get<std::string>();
       MK_CHECK(f.find("..") == std::string::npos && !f.empty() && f[0] != '/',
-               "checkpoint index " << index.string() << ": weight_map['" << name << "'] = '" << f
-                                   << "' must name a file inside the directory");
+               where << ": weight_map['" << escape_text(name) << "'] = '" << escape_text(f)
+                     << "' must name a file inside the directory");
       file_of_[name] = (fs::path(path) / f).string();
     }
     return;
@@ -58,15 +66,16 @@ CheckpointDir::CheckpointDir(const std::string& path) : path_(path) {
       files.push_back(entry.path().string());
   }
   std::sort(files.begin(), files.end());
-  MK_CHECK(!files.empty(), "checkpoint directory " << path
+  MK_CHECK(!files.empty(), "checkpoint directory " << shown
                                                    << " holds no *.safetensors files and no "
                                                       "model.safetensors.index.json");
   for (const std::string& file : files) {
     auto f = open(file);
     for (const std::string& n : f->names()) {
       auto [it, inserted] = file_of_.emplace(n, file);
-      MK_CHECK(inserted, "checkpoint directory " << path << ": tensor '" << n << "' is in both "
-                                                 << it->second << " and " << file);
+      MK_CHECK(inserted, "checkpoint directory " << shown << ": tensor '" << escape_text(n)
+                                                 << "' is in both " << escape_text(it->second)
+                                                 << " and " << escape_text(file));
     }
   }
 }
@@ -84,8 +93,9 @@ TensorRef CheckpointDir::find(const std::string& name) {
   if (it == file_of_.end()) return {};
   TensorRef r;
   r.file = open(it->second);
-  MK_CHECK(r.file->contains(name), "checkpoint " << path_ << ": the index puts tensor '" << name
-                                                 << "' in " << it->second
+  MK_CHECK(r.file->contains(name), "checkpoint " << escape_text(path_) << ": the index puts tensor '"
+                                                 << escape_text(name) << "' in "
+                                                 << escape_text(it->second)
                                                  << ", which does not hold it");
   r.info = &r.file->info(name);
   return r;

@@ -9,6 +9,10 @@
 // kernel touches them; anything else (gate and up in separate tensors, F16/F32/F8 storage, gpt-oss
 // transposed or MXFP4 layouts) is converted into an owned bf16 buffer once.
 //
+// Every value read is checked for finiteness: router, biases and shared MLP at load, a routed
+// expert when it is materialised (after any dequantisation, so a scale that overflows bf16 is
+// caught too), block scales as they are read (finite and >= 0).
+//
 // Router dtype: kept bf16 when both the checkpoint and the spec say bf16, otherwise widened to
 // fp32 (exact), so an fp32 router is never rounded and a bf16 router never loses anything.
 #include <cmath>
@@ -19,7 +23,9 @@
 #include <vector>
 
 #include "io/checkpoint_dir.h"
+#include "common/text_escape.h"
 #include "io/checkpoint_names.h"
+#include "io/finite_check.h"
 #include "io/lazy_experts.h"
 #include "io/tensor_convert.h"
 #include "moekit/checkpoint.h"
@@ -313,13 +319,15 @@ class CheckpointLayerWeights final : public LayerWeights {
       read_bf16(t.matrix(s.shared_up, is, h, "shared up_proj, Is x H"),
                 shared_w13_.data() + is * h);
       read_bf16(t.matrix(s.shared_down, h, is, "shared down_proj, H x Is"), shared_w2_.data());
+      io::check_finite(shared_w13_.data(), 2 * is, h, where("shared gate/up weight [2Is, H]"));
+      io::check_finite(shared_w2_.data(), h, is, where("shared down weight [H, Is]"));
     }
   }
 
   ExpertView expert(int e) const override { return experts_.get(e); }
   int materialised_experts() const override { return experts_.materialised(); }
   std::string origin() const override {
-    return "checkpoint " + dir_.path() + " (" + checkpoint_naming_name(naming_) + " naming, " +
+    return "checkpoint " + escape_text(dir_.path()) + " (" + checkpoint_naming_name(naming_) + " naming, " +
            form_name(form_) + " experts)";
   }
 
@@ -372,16 +380,20 @@ class CheckpointLayerWeights final : public LayerWeights {
     if (shared_gate && shared_gate.info->dtype != DType::BF16) keep_bf16 = false;
     spec_.router_dtype = keep_bf16 ? DType::BF16 : DType::F32;
     const size_t rows = spec_.router_columns();
+    const std::string what = "checkpoint tensor " + router.where() + " (router weight" +
+                             (shared_gate ? " and shared expert gate)" : ")");
     if (keep_bf16) {
       router_weight_.resize(rows * h * 2);
       Bf16* out = reinterpret_cast<Bf16*>(router_weight_.data());
       std::memcpy(out, router.file->data(router.name()), E * h * 2);
       if (shared_gate) std::memcpy(out + E * h, shared_gate.file->data(shared_gate.name()), h * 2);
+      io::check_finite(out, rows, h, what);
     } else {
       router_weight_.resize(rows * h * 4);
       float* out = reinterpret_cast<float*>(router_weight_.data());
       read_f32(router, 0, E * h, out);
       if (shared_gate) read_f32(shared_gate, 0, h, out + E * h);
+      io::check_finite(out, rows, h, what);
     }
 
     if (spec_.has_correction_bias) {
@@ -397,6 +409,9 @@ class CheckpointLayerWeights final : public LayerWeights {
       TensorRef b = t.require_float(s.correction_bias, {E}, "e_score_correction_bias, E");
       correction_bias_.resize(E);
       read_f32(b, 0, E, correction_bias_.data());
+      // A NaN bias would put its expert into every token's top-k (NaN compares as largest).
+      io::check_finite(correction_bias_.data(), 1, E,
+                       "checkpoint tensor " + b.where() + " (e_score_correction_bias)");
     }
     if (spec_.has_router_bias) {
       MK_CHECK(!s.router_bias.empty(), "spec " << spec_.name << " has a router bias, but the "
@@ -405,6 +420,8 @@ class CheckpointLayerWeights final : public LayerWeights {
       TensorRef b = t.require_float(s.router_bias, {E}, "router bias, E");
       router_bias_.resize(E);
       read_f32(b, 0, E, router_bias_.data());
+      io::check_finite(router_bias_.data(), 1, E,
+                       "checkpoint tensor " + b.where() + " (router bias)");
     }
   }
 
@@ -458,6 +475,17 @@ class CheckpointLayerWeights final : public LayerWeights {
       read_f32(down_bias_, e * H, H, out.b2.data());
     }
     out.view_owned();
+    const std::string ex = "expert " + std::to_string(e);
+    io::check_finite(out.view.w13, 2 * I, H, where(ex + " gate/up weight [2I, H]"));
+    io::check_finite(out.view.w2, H, I, where(ex + " down weight [H, I]"));
+    io::check_finite(out.view.b13, 1, out.view.b13 ? 2 * I : 0, where(ex + " gate/up bias"));
+    io::check_finite(out.view.b2, 1, out.view.b2 ? H : 0, where(ex + " down bias"));
+  }
+
+  // "checkpoint <dir>, layer L: <what>" for the finiteness checks.
+  std::string where(const std::string& what) const {
+    return "checkpoint " + escape_text(dir_.path()) + ", layer " + std::to_string(layer_) + ": " +
+           what;
   }
 
   // gate_up [E, H, 2I] used as x . W: w13[i][h] = W[h][2i] (gate), w13[I+i][h] = W[h][2i+1] (up);

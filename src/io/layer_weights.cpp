@@ -1,6 +1,5 @@
-// What every LayerWeights source shares: prefetching experts in parallel, repacking the shared
-// MLP into fused slots, and the host-memory estimate that lets the CLI refuse a run up front
-// instead of being killed by the OOM killer half-way through a 22 GB layer.
+// What every LayerWeights source shares: prefetching experts in parallel and repacking the shared
+// MLP into fused slots (the memory estimates are in memory_estimate.cpp).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -12,7 +11,6 @@
 #include <thread>
 
 #include "io/lazy_experts.h"
-#include "io/mem_available.h"
 #include "moekit/error.h"
 #include "moekit/weights.h"
 
@@ -46,41 +44,6 @@ void LayerWeights::prefetch(const std::vector<int>& experts) const {
   work();
   for (auto& t : threads) t.join();
   if (first_error) std::rethrow_exception(first_error);
-}
-
-size_t host_bytes_needed(const MoeSpec& spec, int tokens, bool fused) {
-  MK_CHECK(tokens >= 0, "expected tokens >= 0, got " << tokens);
-  const size_t routed = std::min<size_t>(static_cast<size_t>(spec.num_experts),
-                                         static_cast<size_t>(tokens) * spec.top_k);
-  const size_t slots = fused ? static_cast<size_t>(spec.shared_slots()) : 0;
-  // Biases are fp32: router/correction bias [E], expert biases [2I + H] per expert.
-  const size_t expert_bias =
-      spec.has_expert_bias ? (2 * static_cast<size_t>(spec.expert_intermediate) + spec.hidden) * 4
-                           : 0;
-  return spec.router_bytes() + spec.shared_bytes() + 2 * static_cast<size_t>(spec.num_experts) * 4 +
-         (routed + slots) * (spec.expert_bytes() + expert_bias);
-}
-
-namespace {
-
-std::string gb(size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / 1e9);
-  return buf;
-}
-
-}  // namespace
-
-void check_host_memory(const MoeSpec& spec, int tokens, bool fused) {
-  const size_t needed = host_bytes_needed(spec, tokens, fused);
-  const size_t available = mem_available_bytes();
-  if (available == 0) return;  // unknown: let the allocation itself fail
-  MK_CHECK(needed <= available,
-           "needs " << gb(needed) << " GB of host memory for " << spec.name << " (" << tokens
-                    << " tokens, "
-                    << std::min<size_t>(spec.num_experts, static_cast<size_t>(tokens) * spec.top_k)
-                    << " experts" << (fused ? " + fused shared slots" : "") << "), "
-                    << gb(available) << " GB available");
 }
 
 namespace io {

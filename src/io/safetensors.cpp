@@ -4,7 +4,12 @@
 //   file >= 8 bytes -> header length N <= file size - 8 and <= kMaxHeaderBytes -> header is a JSON
 //   object -> per tensor: dtype is a string, shape an array of non-negative integers,
 //   data_offsets two integers with begin <= end <= data section size, and end - begin equal to
-//   element size x product(shape), computed with overflow checks -> __metadata__ string values.
+//   element size x product(shape), computed with overflow checks -> no duplicate names, no two
+//   tensors' spans overlapping (the reference reader wants them contiguous; moekit allows gaps)
+//   -> __metadata__ string values. The header parses with a nesting limit (common/json_safe.h),
+// and names and values are escaped when an error quotes them.
+// The file is opened without blocking and must be a regular file. It stays open while mapped, so
+// every tensor access re-checks its size: a file truncated after open is an error, not a SIGBUS.
 // Dtypes moekit does not compute with (I64, BOOL, U8, ...) are listed (so `moekit inspect` shows
 // them, and a checkpoint holding e.g. MXFP4 blocks still opens) and rejected only on access.
 #include "moekit/safetensors.h"
@@ -21,6 +26,9 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "common/json_safe.h"
+#include "common/regular_file.h"
+#include "common/text_escape.h"
 #include "moekit/error.h"
 
 namespace moekit {
@@ -63,7 +71,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 SafetensorsTensorInfo parse_tensor_entry(const std::string& path, const std::string& name,
                                          const json& v, uint64_t data_size) {
-  const std::string where = "tensor '" + name + "' in " + path;
+  const std::string where = "tensor '" + escape_text(name) + "' in " + escape_text(path);
   MK_CHECK(v.is_object(),
            where << ": expected an object {dtype, shape, data_offsets}, got " << v.type_name());
   SafetensorsTensorInfo t;
@@ -72,17 +80,19 @@ SafetensorsTensorInfo parse_tensor_entry(const std::string& path, const std::str
   auto dtype_it = v.find("dtype");
   MK_CHECK(dtype_it != v.end() && dtype_it->is_string(),
            where << ": expected a string 'dtype', got "
-                 << (dtype_it == v.end() ? "none" : dtype_it->dump()));
+                 << (dtype_it == v.end() ? "none" : describe_json(*dtype_it)));
   t.dtype_name = dtype_it->get<std::string>();
+  MK_CHECK(t.dtype_name.size() <= 16 && escape_text(t.dtype_name) == t.dtype_name,
+           where << ": expected a dtype name such as BF16, got " << describe_json(*dtype_it));
   t.dtype_supported = to_moekit_dtype(t.dtype_name, &t.dtype);
 
   auto shape_it = v.find("shape");
   MK_CHECK(shape_it != v.end() && shape_it->is_array(),
            where << ": expected an array 'shape', got "
-                 << (shape_it == v.end() ? "none" : shape_it->dump()));
+                 << (shape_it == v.end() ? "none" : describe_json(*shape_it)));
   for (const json& d : *shape_it) {
     MK_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-             where << ": expected non-negative integer dimensions, got shape " << shape_it->dump());
+             where << ": expected non-negative integer dimensions, got shape " << describe_json(*shape_it));
     const uint64_t dim = d.get<uint64_t>();
     MK_CHECK(dim <= static_cast<uint64_t>(INT64_MAX),
              where << ": dimension " << dim << " does not fit in int64");
@@ -93,7 +103,7 @@ SafetensorsTensorInfo parse_tensor_entry(const std::string& path, const std::str
   MK_CHECK(off_it != v.end() && off_it->is_array() && off_it->size() == 2 &&
                (*off_it)[0].is_number_unsigned() && (*off_it)[1].is_number_unsigned(),
            where << ": expected 'data_offsets' [begin, end] of non-negative integers, got "
-                 << (off_it == v.end() ? "none" : off_it->dump()));
+                 << (off_it == v.end() ? "none" : describe_json(*off_it)));
   t.begin = (*off_it)[0].get<uint64_t>();
   t.end = (*off_it)[1].get<uint64_t>();
   MK_CHECK(t.begin <= t.end, where << ": data_offsets begin " << t.begin << " > end " << t.end);
@@ -116,6 +126,26 @@ SafetensorsTensorInfo parse_tensor_entry(const std::string& path, const std::str
   return t;
 }
 
+// Two tensors whose byte spans share a byte would alias each other's data (a hostile file could
+// make one expert's weights another's). Empty tensors occupy no bytes and never overlap.
+void check_no_overlap(const std::string& shown,
+                      const std::map<std::string, SafetensorsTensorInfo>& tensors) {
+  std::vector<const SafetensorsTensorInfo*> spans;
+  for (const auto& [name, t] : tensors)
+    if (t.end > t.begin) spans.push_back(&t);
+  std::stable_sort(spans.begin(), spans.end(),
+            [](const auto* a, const auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const SafetensorsTensorInfo& a = *spans[i - 1];
+    const SafetensorsTensorInfo& b = *spans[i];
+    MK_CHECK(b.begin >= a.end, "safetensors file "
+                                   << shown << ": tensors '" << escape_text(a.name) << "' ["
+                                   << a.begin << ", " << a.end << ") and '" << escape_text(b.name)
+                                   << "' [" << b.begin << ", " << b.end
+                                   << ") overlap in the data section");
+  }
+}
+
 }  // namespace
 
 uint64_t SafetensorsTensorInfo::numel() const {
@@ -125,51 +155,46 @@ uint64_t SafetensorsTensorInfo::numel() const {
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MK_CHECK(fd >= 0, "cannot open safetensors file " << path << ": " << std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    MK_FAIL("cannot stat safetensors file " << path << ": " << std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    MK_FAIL("safetensors path " << path << " is not a regular file");
-  }
-  file_size_ = static_cast<size_t>(st.st_size);
+  const std::string shown = escape_text(path);
+  const RegularFile rf = open_regular_file(path, "safetensors file");
+  const int fd = rf.fd;
+  file_size_ = rf.size;
   if (file_size_ < 8) {
     ::close(fd);
-    MK_FAIL("safetensors file " << path << " is truncated: " << file_size_
+    MK_FAIL("safetensors file " << shown << " is truncated: " << file_size_
                                 << " bytes, expected at least the 8-byte header length");
   }
   void* m = ::mmap(nullptr, file_size_, PROT_READ, MAP_SHARED, fd, 0);
   const int map_err = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  MK_CHECK(m != MAP_FAILED, "cannot mmap safetensors file "
-                                << path << " (" << file_size_
-                                << " bytes): " << std::strerror(map_err));
+  if (m == MAP_FAILED) {
+    ::close(fd);
+    MK_FAIL("cannot mmap safetensors file " << shown << " (" << file_size_
+                                            << " bytes): " << std::strerror(map_err));
+  }
   map_ = static_cast<const uint8_t*>(m);
+  fd_ = fd;  // kept open: check_intact() asks it for the file's current size
 
   // From here on a throw must unmap: parse into locals inside a try.
   try {
     uint64_t header_len = 0;
     for (int i = 7; i >= 0; --i) header_len = header_len << 8 | map_[i];  // little-endian
     MK_CHECK(header_len <= file_size_ - 8, "safetensors file "
-                                               << path << ": header length " << header_len
+                                               << shown << ": header length " << header_len
                                                << " exceeds the file size " << file_size_
                                                << " (truncated or not a safetensors file)");
     MK_CHECK(header_len <= kMaxHeaderBytes,
-             "safetensors file " << path << ": header length " << header_len
+             "safetensors file " << shown << ": header length " << header_len
                                  << " exceeds the sane maximum of " << kMaxHeaderBytes << " bytes");
     const char* hb = reinterpret_cast<const char*>(map_ + 8);
+    JsonLimits limits;
+    limits.reject_duplicate_keys = true;  // a tensor named twice: the reference reader refuses it
     json header;
     try {
-      header = json::parse(hb, hb + header_len);
-    } catch (const json::exception& e) {
-      MK_FAIL("safetensors file " << path << ": invalid JSON header (" << e.what() << ")");
+      header = parse_json_bounded(std::string_view(hb, header_len), "header", limits);
+    } catch (const Error& e) {
+      MK_FAIL("safetensors file " << shown << ": invalid JSON header (" << e.what() << ")");
     }
-    MK_CHECK(header.is_object(), "safetensors file " << path
+    MK_CHECK(header.is_object(), "safetensors file " << shown
                                                      << ": expected the header to be a JSON "
                                                         "object, got "
                                                      << header.type_name());
@@ -178,33 +203,50 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     for (const auto& [key, value] : header.items()) {
       if (key == "__metadata__") {
         MK_CHECK(value.is_object() || value.is_null(),
-                 "safetensors file " << path << ": expected '__metadata__' to be an object, got "
-                                     << value.type_name());
+                 "safetensors file " << shown << ": expected '__metadata__' to be an object, got "
+                                     << describe_json(value));
         if (value.is_null()) continue;
         for (const auto& [mk, mv] : value.items()) {
-          MK_CHECK(mv.is_string(), "safetensors file " << path << ": __metadata__ key '" << mk
+          MK_CHECK(mv.is_string(), "safetensors file " << shown << ": __metadata__ key '"
+                                                       << escape_text(mk)
                                                        << "' must map to a string, got "
-                                                       << mv.dump());
+                                                       << describe_json(mv));
           metadata_[mk] = mv.get<std::string>();
         }
         continue;
       }
       tensors_.emplace(key, parse_tensor_entry(path, key, value, data_size));
     }
+    check_no_overlap(shown, tensors_);
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), file_size_);
     map_ = nullptr;
+    ::close(fd_);
+    fd_ = -1;
     throw;
   }
 }
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(const_cast<uint8_t*>(map_), file_size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafetensorsFile::check_intact() const {
+  struct stat st {};
+  MK_CHECK(fd_ >= 0 && ::fstat(fd_, &st) == 0,
+           "safetensors file " << escape_text(path_) << " can no longer be inspected: "
+                               << std::strerror(errno));
+  MK_CHECK(static_cast<size_t>(st.st_size) >= file_size_,
+           "safetensors file " << escape_text(path_) << " was truncated after it was opened ("
+                               << st.st_size << " bytes now, " << file_size_
+                               << " at open): its tensors can no longer be read");
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
     : path_(std::move(o.path_)),
       map_(std::exchange(o.map_, nullptr)),
+      fd_(std::exchange(o.fd_, -1)),
       file_size_(std::exchange(o.file_size_, 0)),
       data_section_(std::exchange(o.data_section_, nullptr)),
       tensors_(std::move(o.tensors_)),
@@ -213,8 +255,10 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this != &o) {
     if (map_) ::munmap(const_cast<uint8_t*>(map_), file_size_);
+    if (fd_ >= 0) ::close(fd_);
     path_ = std::move(o.path_);
     map_ = std::exchange(o.map_, nullptr);
+    fd_ = std::exchange(o.fd_, -1);
     file_size_ = std::exchange(o.file_size_, 0);
     data_section_ = std::exchange(o.data_section_, nullptr);
     tensors_ = std::move(o.tensors_);
@@ -232,14 +276,15 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 const SafetensorsTensorInfo& SafetensorsFile::info(const std::string& name) const {
   auto it = tensors_.find(name);
-  MK_CHECK(it != tensors_.end(), "tensor '" << name << "' not found in " << path_);
+  MK_CHECK(it != tensors_.end(),
+           "tensor '" << escape_text(name) << "' not found in " << escape_text(path_));
   return it->second;
 }
 
 DType SafetensorsFile::dtype(const std::string& name) const {
   const SafetensorsTensorInfo& t = info(name);
-  MK_CHECK(t.dtype_supported, "tensor '" << name << "' in " << path_ << " has dtype "
-                                         << t.dtype_name
+  MK_CHECK(t.dtype_supported, "tensor '" << escape_text(name) << "' in " << escape_text(path_)
+                                         << " has dtype " << t.dtype_name
                                          << ", which moekit does not read (expected BF16, F16, "
                                             "F32 or F8_E4M3)");
   return t.dtype;
@@ -251,7 +296,9 @@ const void* SafetensorsFile::data(const std::string& name) const {
 }
 
 const void* SafetensorsFile::raw_data(const std::string& name) const {
-  return data_section_ + info(name).begin;
+  const SafetensorsTensorInfo& t = info(name);
+  check_intact();
+  return data_section_ + t.begin;
 }
 
 void write_safetensors(const std::string& path,

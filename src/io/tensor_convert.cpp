@@ -54,11 +54,23 @@ bool is_scale_dtype(const std::string& d) {
 
 float scale_value(const std::string& d, const void* data, size_t i, const std::string& what) {
   // (load_as_float: at any alignment, as the file gives it)
-  if (d == "F32") return load_as_float(DType::F32, data, i);
-  if (d == "BF16") return load_as_float(DType::BF16, data, i);
-  if (d == "F16") return load_as_float(DType::F16, data, i);
-  if (d == "F8_E8M0") return e8m0_value(static_cast<const uint8_t*>(data)[i]);
-  MK_FAIL("scale tensor " << what << " has dtype " << d << ", expected F32, BF16, F16 or F8_E8M0");
+  float v = 0;
+  if (d == "F32")
+    v = load_as_float(DType::F32, data, i);
+  else if (d == "BF16")
+    v = load_as_float(DType::BF16, data, i);
+  else if (d == "F16")
+    v = load_as_float(DType::F16, data, i);
+  else if (d == "F8_E8M0")
+    v = e8m0_value(static_cast<const uint8_t*>(data)[i]);
+  else
+    MK_FAIL("scale tensor " << what << " has dtype " << d
+                            << ", expected F32, BF16, F16 or F8_E8M0");
+  // A NaN, infinite or negative block scale turns a whole block of weights into garbage.
+  MK_CHECK(std::isfinite(v) && v >= 0.0f, "scale tensor " << what << ": element " << i << " is "
+                                                          << v
+                                                          << ", expected a finite scale >= 0");
+  return v;
 }
 
 void convert_to_bf16(DType t, const void* src, size_t count, Bf16* out) {

@@ -6,6 +6,7 @@
 // (MiniMax's fp32 router, gpt-oss's clamped swiglu). This file reads them into one struct; every
 // error names the config, the key and the value.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_safe.h"
+#include "common/regular_file.h"
 #include "moekit/error.h"
 #include "moekit/spec.h"
 
@@ -40,21 +43,36 @@ class ConfigReader {
     if (!has(key)) return fallback;
     const json& v = obj_.at(key);
     MK_CHECK(v.is_number(), "config '" << name_ << "': key '" << key << "' must be a number, got "
-                                       << v.dump());
+                                       << describe_json(v));
     return v.get<double>();
+  }
+  // A number stored as float: beyond float's range (1e300) it would become infinity.
+  float float_or(const char* key, double fallback) const {
+    const double v = number_or(key, fallback);
+    MK_CHECK(std::isfinite(v) && std::fabs(v) <= 3.4028234663852886e38,
+             "config '" << name_ << "': key '" << key << "' = " << v
+                        << " is outside the range of a 32-bit float");
+    return static_cast<float>(v);
+  }
+  // An integer stored as int: 2^32 + 1 must not become 1.
+  int int_or(const char* key, long long fallback) const {
+    const long long v = integer_or(key, fallback);
+    MK_CHECK(v >= INT_MIN && v <= INT_MAX, "config '" << name_ << "': key '" << key << "' = " << v
+                                                      << " does not fit in a 32-bit int");
+    return static_cast<int>(v);
   }
   bool boolean_or(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
     const json& v = obj_.at(key);
     MK_CHECK(v.is_boolean(), "config '" << name_ << "': key '" << key
-                                        << "' must be true or false, got " << v.dump());
+                                        << "' must be true or false, got " << describe_json(v));
     return v.get<bool>();
   }
   std::string string_or(const char* key, const std::string& fallback) const {
     if (!has(key)) return fallback;
     const json& v = obj_.at(key);
     MK_CHECK(v.is_string(), "config '" << name_ << "': key '" << key << "' must be a string, got "
-                                       << v.dump());
+                                       << describe_json(v));
     return v.get<std::string>();
   }
   // The first of several alternative keys that is present; error lists them all.
@@ -74,9 +92,12 @@ class ConfigReader {
 
  private:
   long long integer_value(const char* key, const json& v) const {
-    MK_CHECK(v.is_number_integer() || v.is_number_unsigned(),
-             "config '" << name_ << "': key '" << key << "' must be an integer, got " << v.dump());
-    return v.get<long long>();
+    MK_CHECK(v.is_number_integer(), "config '" << name_ << "': key '" << key
+                                               << "' must be an integer, got " << describe_json(v));
+    const std::optional<long long> i = json_as_int64(v);
+    MK_CHECK(i.has_value(), "config '" << name_ << "': key '" << key << "' = " << describe_json(v)
+                                       << " does not fit in a 64-bit integer");
+    return *i;
   }
 
   const json& obj_;
@@ -124,10 +145,10 @@ std::vector<int> moe_layer_indices(const ConfigReader& c, const std::string& fam
              "config '" << c.name() << "': 'moe_layer_freq' has " << freq.size()
                         << " entries, expected num_hidden_layers = " << num_layers);
     for (int i = 0; i < num_layers; ++i) {
-      MK_CHECK(freq[i].is_number_integer(), "config '" << c.name() << "': 'moe_layer_freq'["
-                                                       << i << "] must be 0 or 1, got "
-                                                       << freq[i].dump());
-      if (freq[i].get<int>() != 0) layers.push_back(i);
+      const std::optional<int> f = json_as_int(freq[i]);
+      MK_CHECK(f.has_value(), "config '" << c.name() << "': 'moe_layer_freq'[" << i
+                                         << "] must be 0 or 1, got " << describe_json(freq[i]));
+      if (*f != 0) layers.push_back(i);
     }
     return layers;
   }
@@ -153,10 +174,11 @@ std::vector<int> moe_layer_indices(const ConfigReader& c, const std::string& fam
       MK_CHECK(c.at("mlp_only_layers").is_array(),
                "config '" << c.name() << "': 'mlp_only_layers' must be a list");
       for (const json& v : c.at("mlp_only_layers")) {
-        MK_CHECK(v.is_number_integer(), "config '" << c.name()
-                                                   << "': 'mlp_only_layers' holds a non-integer "
-                                                   << v.dump());
-        dense_only.push_back(v.get<int>());
+        const std::optional<int> layer = json_as_int(v);
+        MK_CHECK(layer.has_value(), "config '" << c.name()
+                                               << "': 'mlp_only_layers' holds a non-integer "
+                                               << describe_json(v));
+        dense_only.push_back(*layer);
       }
     }
     for (int i = 0; i < num_layers; ++i) {
@@ -237,12 +259,7 @@ size_t MoeSpec::router_bytes() const {
 }
 
 MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
-  json top;
-  try {
-    top = json::parse(json_text);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 9e999
-    MK_FAIL("config '" << name << "' is not valid JSON: " << e.what());
-  }
+  const json top = parse_json_bounded(json_text, "config '" + name + "'");
   MK_CHECK(top.is_object(), "config '" << name << "' must be a JSON object, got " << top.type_name());
   // VL wrappers (MiniMax-M3) keep the language model's keys under text_config.
   const bool nested = top.contains("text_config") && top["text_config"].is_object();
@@ -273,8 +290,8 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
   const std::string topk_method = c.string_or("topk_method", "");
   s.has_correction_bias = topk_method == "noaux_tc" || c.boolean_or("use_routing_bias", false) ||
                           s.model_type == "glm4_moe" || s.model_type == "glm_moe_dsa";
-  s.n_group = static_cast<int>(c.integer_or("n_group", 1));
-  s.topk_group = static_cast<int>(c.integer_or("topk_group", 1));
+  s.n_group = c.int_or("n_group", 1);
+  s.topk_group = c.int_or("topk_group", 1);
   if (s.model_type == "deepseek_v2" && topk_method != "group_limited_greedy") {
     // DeepSeek-V2 "greedy" ignores the groups its config still lists.
     s.n_group = 1;
@@ -285,7 +302,7 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
     s.renormalize = c.boolean_or("norm_topk_prob", true);
   else
     s.renormalize = c.boolean_or("norm_topk_prob", false);
-  s.routed_scaling_factor = static_cast<float>(c.number_or("routed_scaling_factor", 1.0));
+  s.routed_scaling_factor = c.float_or("routed_scaling_factor", 1.0);
   s.has_router_bias = s.model_type == "gpt_oss";
   s.router_dtype = DType::BF16;
   if (s.model_type == "minimax_m2" || s.model_type == "minimax_m3" ||
@@ -304,9 +321,9 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
 
   // Experts.
   const std::string act = c.string_or("hidden_act", "silu");
-  s.swiglu_limit = static_cast<float>(c.number_or("swiglu_limit", 0.0));
-  s.swiglu_alpha = static_cast<float>(c.number_or("swiglu_alpha", 1.702));
-  s.swiglu_beta = static_cast<float>(c.number_or("swiglu_beta", 1.0));
+  s.swiglu_limit = c.float_or("swiglu_limit", 0.0);
+  s.swiglu_alpha = c.float_or("swiglu_alpha", 1.702);
+  s.swiglu_beta = c.float_or("swiglu_beta", 1.0);
   if (s.model_type == "gpt_oss") {
     s.activation = Activation::SwigluOaiInterleaved;
     if (s.swiglu_limit == 0.0f) s.swiglu_limit = 7.0f;
@@ -342,7 +359,7 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
              "config '" << c.name() << "': shared expert sizes must not be negative");
   }
 
-  s.num_hash_layers = static_cast<int>(c.integer_or("num_hash_layers", 0));
+  s.num_hash_layers = c.int_or("num_hash_layers", 0);
   s.moe_layers = moe_layer_indices(c, s.model_type, s.num_layers);
   validate_spec(s);
   return s;
@@ -381,6 +398,9 @@ void validate_spec(const MoeSpec& s, bool require_fusable) {
                       << s.routed_scaling_factor);
   MK_CHECK(std::isfinite(s.swiglu_limit) && s.swiglu_limit >= 0.0f,
            "config '" << n << "': swiglu_limit must be >= 0, got " << s.swiglu_limit);
+  MK_CHECK(std::isfinite(s.swiglu_alpha) && std::isfinite(s.swiglu_beta),
+           "config '" << n << "': swiglu_alpha and swiglu_beta must be finite, got "
+                      << s.swiglu_alpha << " and " << s.swiglu_beta);
   MK_CHECK(s.num_layers > 0, "config '" << n << "': num_hidden_layers must be > 0, got "
                                         << s.num_layers);
   MK_CHECK(!s.moe_layers.empty(), "config '" << n << "': no layer of the " << s.num_layers
@@ -446,11 +466,8 @@ MoeSpec load_spec(const std::string& name_or_path) {
                                 << "; known models:" << known.str());
     }
   }
-  std::ifstream in(path, std::ios::binary);
-  MK_CHECK(in, "cannot open config file '" << path.string() << "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  MoeSpec spec = parse_spec_json(text.str(), display);
+  MoeSpec spec =
+      parse_spec_json(read_regular_file(path.string(), "config file", kMaxConfigBytes), display);
   spec.source_path = path.string();
   return spec;
 }

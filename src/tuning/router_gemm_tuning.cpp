@@ -11,6 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_safe.h"
+#include "common/regular_file.h"
+#include "common/text_escape.h"
 #include "moekit/error.h"
 #include "moekit/spec.h"
 #include "moekit/tuning.h"
@@ -296,16 +299,13 @@ void validate_row(const RouterGemmRow& row, const std::string& where) {
 }
 
 std::vector<RouterGemmRow> parse_tuning_json(const std::string& text, const std::string& name) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    MK_FAIL("tuning file " << name << ": not valid JSON: " << e.what());
-  }
+  const nlohmann::json j = parse_json_bounded(text, "tuning file " + name);
   MK_CHECK(j.is_object() && j.contains("rows") && j["rows"].is_array(),
-           "tuning file " << name << ": expected an object with a \"rows\" array");
+           "tuning file " << name << ": expected an object with a \"rows\" array, got "
+                          << describe_json(j));
   if (j.contains("arch")) {
-    MK_CHECK(j["arch"].is_string(), "tuning file " << name << ": expected \"arch\" as a string");
+    MK_CHECK(j["arch"].is_string(), "tuning file " << name << ": expected \"arch\" as a string, got "
+                                                   << describe_json(j["arch"]));
     parse_arch(j["arch"].get<std::string>());
   }
   std::vector<RouterGemmRow> rows;
@@ -313,15 +313,17 @@ std::vector<RouterGemmRow> parse_tuning_json(const std::string& text, const std:
   for (const nlohmann::json& r : j["rows"]) {
     std::ostringstream where;
     where << "tuning file " << name << ": row " << index;
-    MK_CHECK(r.is_object(), where.str() << ": expected an object");
+    MK_CHECK(r.is_object(), where.str() << ": expected an object, got " << describe_json(r));
     auto get_int = [&](const char* key, bool required, int dflt) {
       if (!r.contains(key)) {
         MK_CHECK(!required, where.str() << ": missing key \"" << key << "\"");
         return dflt;
       }
-      MK_CHECK(r[key].is_number_integer(),
-               where.str() << ": expected \"" << key << "\" as an integer, got " << r[key].dump());
-      return r[key].get<int>();
+      const std::optional<int> v = json_as_int(r[key]);
+      MK_CHECK(v.has_value(), where.str() << ": expected \"" << key
+                                          << "\" as an integer in the range of int, got "
+                                          << describe_json(r[key]));
+      return *v;
     };
     auto get_str = [&](const char* key) {
       MK_CHECK(r.contains(key) && r[key].is_string(),
@@ -351,11 +353,8 @@ std::vector<RouterGemmRow> parse_tuning_json(const std::string& text, const std:
 }
 
 std::vector<RouterGemmRow> load_tuning_file(const std::string& path) {
-  std::ifstream f(path);
-  MK_CHECK(f.good(), "cannot open tuning file '" << path << "'");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_tuning_json(ss.str(), "'" + path + "'");
+  return parse_tuning_json(read_regular_file(path, "tuning file", kMaxConfigBytes),
+                           "'" + escape_text(path) + "'");
 }
 
 std::string tuning_inc(std::span<const RouterGemmRow> rows) {

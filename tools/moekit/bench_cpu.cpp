@@ -150,6 +150,15 @@ Timing time_forward(const MoeSpec& spec, int inputs, int iterations, bool warmup
 int run_bench_cpu(const BenchOptions& opt) {
   const MoeSpec spec = load_spec(opt.model);
   const int layer = pick_moe_layer(spec, -1);
+  // Before anything is allocated: each batch's rotating inputs and activations, and the read
+  // probe, must fit (the experts that do not fit skip their batch below).
+  for (int tokens : opt.batches) {
+    HostMemoryEstimate need = host_memory_estimate(spec, tokens, spec.can_fuse_shared());
+    need.weights = 0;
+    need.inputs *= kRotatingInputs;
+    need.workspace = kProbeBytes;
+    check_host_memory(need, spec.name + " (bench --batch " + std::to_string(tokens) + ")");
+  }
   const auto weights = load_layer_weights(spec, layer, opt.weights, opt.seed);
   const std::string backend = opt.backend;
   MK_CHECK(backend == "fast" || backend == "reference",

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "common/random_values.h"
+#include "common/text_escape.h"
 #include "moekit/error.h"
 
 namespace moekit::cli {
@@ -32,6 +33,33 @@ std::vector<Bf16> random_input(const MoeSpec& spec, int tokens, uint64_t seed) {
   std::vector<Bf16> x(static_cast<size_t>(tokens) * spec.hidden);
   for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(rv::uniform(stream, i));
   return x;
+}
+
+CLI::Validator decimal_integer(bool non_negative) {
+  return CLI::Validator(
+      [non_negative](std::string& s) -> std::string {
+        const size_t digits = !non_negative && !s.empty() && s[0] == '-' ? 1 : 0;
+        bool ok = s.size() > digits && s.size() <= digits + 19;
+        for (size_t i = digits; ok && i < s.size(); ++i) ok = s[i] >= '0' && s[i] <= '9';
+        if (ok) return "";
+        return "'" + escape_text(s) + "' is not a " +
+               (non_negative ? "non-negative " : "") + "decimal integer";
+      },
+      non_negative ? "UINT" : "INT");
+}
+
+void refuse_unused_option(const CLI::App& cmd, const char* option, const std::string& device,
+                          const char* works_on) {
+  MK_CHECK(cmd.count(option) == 0, cmd.get_name() << ": " << option << " does nothing on --device "
+                                                  << device << "; it works on " << works_on);
+}
+
+void check_finite_output(const std::vector<float>& y, int hidden, const std::string& what) {
+  for (size_t i = 0; i < y.size(); ++i) {
+    MK_CHECK(std::isfinite(y[i]), "the output of " << what << " is not finite: y[" << i / hidden
+                                                   << ", " << i % hidden << "] = " << y[i]
+                                                   << " (check the weights and the config)");
+  }
 }
 
 std::string human_bytes(double bytes) {

@@ -1,6 +1,7 @@
 // Small helpers shared by the CLI's subcommands: model loading, random inputs, formatting.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -22,6 +23,18 @@ std::unique_ptr<LayerWeights> load_layer_weights(const MoeSpec& spec, int layer,
 
 // Deterministic activations x[tokens, hidden] in [-1, 1), bf16.
 std::vector<Bf16> random_input(const MoeSpec& spec, int tokens, uint64_t seed);
+
+// Integer options in plain decimal only: CLI11 itself also takes 0x10, 0b11, 0o17 and 1e3, which
+// a careless user does not mean. non_negative refuses a leading '-' too (--layer -7 is not "the
+// default layer", --iterations -5 is not "automatic").
+CLI::Validator decimal_integer(bool non_negative);
+
+// Refuses `option` when it was given on the command line but does nothing on `device`.
+void refuse_unused_option(const CLI::App& cmd, const char* option, const std::string& device,
+                          const char* works_on);
+
+// Throws naming the first NaN or infinity of y[tokens, hidden] and `what` (the mode that made it).
+void check_finite_output(const std::vector<float>& y, int hidden, const std::string& what);
 
 // "1.23 GB", "456.0 MB", "789 B".
 std::string human_bytes(double bytes);

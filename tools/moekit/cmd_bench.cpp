@@ -3,6 +3,7 @@
 // in the same run (bench_cpu.cpp, bench_cuda.cpp). `bench router-gemm` is a sub-benchmark.
 #include <sstream>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "forward_backends.h"
 #include "moekit/error.h"
@@ -23,7 +24,9 @@ std::vector<int> parse_batches(const std::string& list) {
     } catch (const std::exception&) {
       MK_FAIL("--batch '" << list << "': '" << item << "' is not a number");
     }
-    MK_CHECK(used == item.size() && v >= 1 && v <= 1 << 20,
+    // Decimal digits only: stoi also takes leading blanks and '+'.
+    const bool digits = item.find_first_not_of("0123456789") == std::string::npos;
+    MK_CHECK(digits && used == item.size() && v >= 1 && v <= 1 << 20,
              "--batch '" << list << "': '" << item << "' must be a whole number in [1, 1048576]");
     out.push_back(v);
   }
@@ -44,9 +47,14 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--device", o->device, "auto|cpu|cuda")->capture_default_str();
   cmd->add_option("--backend", o->backend, "CPU backend: fast|reference")->capture_default_str();
   cmd->add_option("--fuse-shared", *fuse, "auto|on|off")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of random weights and inputs")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd->add_option("--iterations", o->iterations, "Timed iterations (0 = automatic)");
+  cmd->add_option("--seed", o->seed, "Seed of random weights and inputs")
+      ->capture_default_str()
+      ->check(decimal_integer(true));
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(decimal_integer(true));
+  cmd->add_option("--iterations", o->iterations, "Timed iterations (0 = automatic)")
+      ->check(decimal_integer(true));
   cmd->add_option("--plot", o->plot, "Draw the batch sweep to this PNG (cuda)");
   cmd->add_flag("--json", o->json, "Print JSON records");
   cmd->add_flag("--trace", o->trace, "Print each batch's kernel timeline to stderr (cuda)");
@@ -59,6 +67,12 @@ CLI::App* add_bench_command(CLI::App& app) {
     const std::string device = resolve_device(o->device);
     MK_CHECK(!o->trace || device == "cuda",
              "bench: --trace records GPU kernels; use --device cuda");
+    if (device == "cuda") {
+      refuse_unused_option(*cmd, "--threads", device, "--device cpu");
+      refuse_unused_option(*cmd, "--backend", device, "--device cpu");
+    } else {
+      refuse_unused_option(*cmd, "--plot", device, "--device cuda");
+    }
     const int status = device == "cuda" ? run_bench_cuda(*o) : run_bench_cpu(*o);
     if (status != 0) throw CLI::RuntimeError(status);
   });

@@ -25,6 +25,7 @@ struct RunOptions {
   std::string backend = "fast";
   uint64_t seed = 0;
   bool json = false;
+  const CLI::App* cmd = nullptr;  // which options were given
 };
 
 struct Summary {
@@ -48,7 +49,7 @@ void run(const RunOptions& o) {
   const int layer = pick_moe_layer(spec, o.layer);
   const FuseShared fuse = fuse_shared_from_env(parse_fuse_shared(o.fuse));
   const std::string device = resolve_device(o.device);
-  const bool fused = spec.can_fuse_shared() && fuse != FuseShared::Off;
+  if (device == "cuda") refuse_unused_option(*o.cmd, "--backend", device, "--device cpu");
   MK_CHECK(!(fuse == FuseShared::On && !spec.can_fuse_shared()),
            "--fuse-shared on: '" << spec.name << "' has "
                                  << (spec.shared_kind == SharedKind::None
@@ -57,6 +58,12 @@ void run(const RunOptions& o) {
                                                std::to_string(spec.shared_intermediate) +
                                                " that is not a multiple of the expert width " +
                                                std::to_string(spec.expert_intermediate)));
+  // Host memory, before anything is allocated: the input, two outputs (both fusion modes), and on
+  // the CPU the weights and activations of both modes.
+  HostMemoryEstimate need = host_memory_estimate(spec, o.tokens, spec.can_fuse_shared());
+  need.workspace = spec.can_fuse_shared() ? static_cast<size_t>(o.tokens) * spec.hidden * 4 : 0;
+  if (device == "cuda" && o.weights.empty()) need.weights = need.activations = 0;
+  check_host_memory(need, spec.name + " (" + std::to_string(o.tokens) + " tokens)");
   const std::vector<Bf16> x = random_input(spec, o.tokens, o.seed);
   // Random weights on the GPU are generated there (bit-identical to the host generator), so a
   // 22.6 GB DeepSeek-V3 layer never passes through host memory.
@@ -69,7 +76,6 @@ void run(const RunOptions& o) {
     gpu_layer = cuda::GpuMoeLayer::create_random(spec, layer, o.seed, opt);
     origin = "random seed " + std::to_string(o.seed) + " (generated on the GPU)";
   } else {
-    check_host_memory(spec, o.tokens, fused);
     weights = load_layer_weights(spec, layer, o.weights, o.seed);
     origin = weights->origin();
   }
@@ -79,10 +85,14 @@ void run(const RunOptions& o) {
   };
 
   const ForwardResult r = forward(fuse);
+  check_finite_output(r.y, spec.hidden, std::string("the forward (shared expert ") +
+                                            (r.fused ? "fused)" : "unfused)"));
   // The other fusion mode, on the same backend, for the fused-vs-unfused agreement check.
   double fused_vs_unfused = -1.0;
   if (spec.can_fuse_shared()) {
     const ForwardResult other = forward(r.fused ? FuseShared::Off : FuseShared::On);
+    check_finite_output(other.y, spec.hidden, std::string("the forward (shared expert ") +
+                                                  (other.fused ? "fused)" : "unfused)"));
     fused_vs_unfused = r.fused ? max_relative_difference(r.y, other.y)
                                : max_relative_difference(other.y, r.y);
   }
@@ -147,15 +157,21 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--model,-m", o->model, "Short name (e.g. deepseek-v3) or path to config.json")
       ->required();
   cmd->add_option("--weights", o->weights, "Checkpoint directory (*.safetensors); default random");
-  cmd->add_option("--tokens,-t", o->tokens, "Number of tokens")->capture_default_str();
-  cmd->add_option("--layer", o->layer, "MoE layer index (default: the first MoE layer)");
+  cmd->add_option("--tokens,-t", o->tokens, "Number of tokens")
+      ->capture_default_str()
+      ->check(decimal_integer(false));
+  cmd->add_option("--layer", o->layer, "MoE layer index (default: the first MoE layer)")
+      ->check(decimal_integer(true));
   cmd->add_option("--fuse-shared", o->fuse, "Shared expert as fused slots: auto|on|off")
       ->capture_default_str();
   cmd->add_option("--device", o->device, "auto|cpu|cuda (auto: cuda when a GPU is usable)")
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "CPU backend: fast|reference")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of random weights and inputs")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of random weights and inputs")
+      ->capture_default_str()
+      ->check(decimal_integer(true));
   cmd->add_flag("--json", o->json, "Print JSON");
+  o->cmd = cmd;
   cmd->callback([o] { run(*o); });
 }
 

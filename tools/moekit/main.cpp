@@ -6,6 +6,7 @@
 
 #include "cli_context.h"
 #include "commands.h"
+#include "common/text_escape.h"
 #include "moekit/error.h"
 
 int main(int argc, char** argv) {
@@ -24,11 +25,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const moekit::Error& e) {
-    std::fprintf(stderr, "moekit: error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "moekit: error: %s\n", e.what());
+    // Escaped: a message may quote a tensor name or path holding terminal control sequences.
+    std::fprintf(stderr, "moekit: error: %s\n", moekit::escape_text(e.what(), 8192, true).c_str());
     return 1;
   }
   return 0;

@@ -265,6 +265,7 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
 
   const bool fused = fuse == FuseShared::On || (fuse == FuseShared::Auto && spec.can_fuse_shared());
   const RoutingConfig cfg = RoutingConfig::from_spec(spec, fused);  // throws if On is impossible
+  check_forward_memory(w, tokens, fused);  // refuse before allocating, naming both sizes
 
   ForwardResult result;
   result.tokens = tokens;
