@@ -129,7 +129,8 @@ void check_forward_memory(const LayerWeights& w, int tokens, bool fused) {
 
 size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens) {
   MK_CHECK(max_tokens >= 0, "expected max_tokens >= 0, got " << max_tokens);
-  // Mirrors GpuMoeLayer's allocate_weights / allocate_workspace (src/cuda/layer/layer.cu).
+  // Mirrors GpuMoeLayer's allocate_weights / allocate_workspace (src/cuda/layer/layer_weights.cu,
+  // layer_workspace.cu).
   const size_t E = spec.num_experts, H = spec.hidden, I = spec.expert_intermediate;
   const size_t S = spec.can_fuse_shared() ? spec.shared_slots() : 0;
   const size_t Is = spec.shared_kind != SharedKind::None ? spec.shared_intermediate : 0;
@@ -145,7 +146,6 @@ size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens) {
   ws = add(ws, mul(pairs, 4 + 4 + 4));           // ids, weights, pair list
   ws = add(ws, mul(T, 4 + 4));                   // shared scale, pair identity
   ws = add(ws, mul(add(tasks, T / 8 + 1), 16));  // tasks, shared tasks (4 ints each)
-  ws = add(ws, mul(tasks, 4));                   // task_done
   ws = add(ws, mul(pairs, I * 2 + H * 4));       // h bf16, partial fp32
   if (Is > 0) ws = add(ws, mul(T, Is * 2 + H * 4));
   ws = add(ws, mul(T, H * 2 * 2));               // x_in, y_out bf16

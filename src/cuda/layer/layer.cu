@@ -17,6 +17,7 @@
 #include "cuda/layer/layer_impl.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "moekit/error.h"
+#include "moekit/memory_estimate.h"
 
 namespace moekit::cuda {
 
@@ -70,6 +71,13 @@ std::unique_ptr<GpuMoeLayer::Impl> make_impl(const MoeSpec& spec, int layer,
   MK_CHECK(available(&why), "no usable GPU: " << why);
   MK_CUDA_CHECK(cudaSetDevice(opt.device));
   impl->device = live_device_info(opt.device);
+  size_t free_b = 0, total_b = 0;
+  MK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t need = gpu_layer_device_bytes(spec, opt.max_tokens);
+  MK_CHECK(need <= free_b, "a GPU layer of " << spec.name << " for max_tokens " << opt.max_tokens
+                                             << " needs " << need << " bytes of device memory; "
+                                             << free_b << " of " << total_b << " are free on device "
+                                             << opt.device);
   MK_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   impl->allocate_weights();
   impl->allocate_workspace();
