@@ -35,8 +35,10 @@ enum class Stream : uint8_t {
                        // ring, 8 consumer warps run the mma, an epilogue warp stores and combines
   Registers,           // weights in registers, activations loaded right before their mma
   RegistersEarlyActs,  // weights in registers, activations loaded with the weights
+  Grouped,             // the prefill path (src/cuda/prefill/): the pairs permuted by expert,
+                       // CUTLASS grouped GEMMs on the tensor cores (TMA, wgmma), a combine
 };
-const char* stream_name(Stream s);           // "bulk", "regs", "regs-early"
+const char* stream_name(Stream s);           // "bulk", "regs", "regs-early", "grouped"
 std::optional<Stream> parse_stream(const std::string& s);  // nullopt when not a name
 
 // The bulk kernels' shared-memory ring (each shape its own layout, src/cuda/experts/).
@@ -95,6 +97,7 @@ DeviceInfo device_profile(const std::string& name);
 // environment. The README's options table lists the matching MOEKIT_* variables.
 struct PlanOverrides {
   std::optional<Stream> stream;      // MOEKIT_EXPERTS_KERNEL: one kernel family at every batch
+  int grouped_from_tokens = -1;      // MOEKIT_EXPERTS_GROUPED_FROM: the prefill path from N (0: never)
   int gate_up_tail_percent = -1;     // MOEKIT_EXPERTS_TAIL: the gate/up kernel's dynamic tail
   int shared_first_tokens = -1;      // MOEKIT_EXPERTS_SHARED_FIRST (0: never)
   int whole_tile_tokens = -1;        // MOEKIT_EXPERTS_WHOLE_TILES (0: never)
@@ -142,7 +145,7 @@ struct LayerPlan {
   tuning::RouterGemmChoice router;
   bool routing_kernel = true;  // false: the gate/up kernel routes its one token itself
   bool dense_shared = false;   // the unfused shared MLP as dense cuBLAS GEMMs (before the router)
-  std::vector<ExpertLaunch> experts;  // in launch order
+  std::vector<ExpertLaunch> experts;  // in launch order (empty on the prefill path)
   bool pdl = true;
 };
 

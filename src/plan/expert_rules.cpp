@@ -15,6 +15,14 @@ Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16) {
   return tasks_of_16 ? Stream::Bulk : Stream::Registers;
 }
 
+bool experts_grouped_path(int tokens, int hidden, int top_k, int experts, int setting) {
+  (void)hidden;
+  (void)top_k;
+  (void)experts;
+  if (setting >= 0) return setting > 0 && tokens >= setting;
+  return false;
+}
+
 bool experts_task16_ring(int tokens, int top_k, int experts, int setting) {
   // why 8 per expert: below it the ring's two n-tiles cost more than the re-streams they save
   constexpr int kFromTokensPerExpert = 8;

@@ -54,6 +54,7 @@ struct Shapes {
 
 Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, int tokens) {
   if (o.stream) return *o.stream;
+  if (experts_grouped_path(tokens, sh.H, sh.K, sh.E, o.grouped_from_tokens)) return Stream::Grouped;
   return experts_stream_default(sh.H, tokens,
                                 experts_task16_ring(tokens, sh.K, sh.E, st.task16));
 }
@@ -95,6 +96,10 @@ bool resolve_fused(const MoeSpec& spec, const Shapes& sh, const Settings& st, St
     *why = "auto: shared width not a multiple of the expert width";
     return false;
   }
+  if (stream == Stream::Grouped) {
+    *why = "auto: the grouped GEMMs take the shared slots as more groups";
+    return true;
+  }
   if (dense_shared_at(sh, st, tokens)) {
     const long long shared_bytes = 3LL * sh.Is * sh.H * 2;  // bf16 gate, up, down
     if (experts_shared_dense_over_fused(tokens, chunk_at(sh, st, stream, tokens), shared_bytes)) {
@@ -133,6 +138,14 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   const int s_run = p.fused ? sh.S : 0;
   p.slots = sh.K + s_run;
 
+  if (p.stream == Stream::Grouped) {
+    // the routing kernel's ids and weights feed the prefill path (its own permute and group
+    // arrays); the unfused shared MLP runs as the dense GEMMs beside it
+    p.dense_shared = sh.has_shared && !p.fused;
+    p.router = tuning::choose_router_gemm(device.arch, spec.router_dtype, sh.H,
+                                          spec.router_columns(), tokens);
+    return p;
+  }
   const int chunk = p.chunk;
   const bool l2_keep = experts_l2_keep(tokens, sh.H, chunk, st.l2_keep_from);
   const int down_tail = bulk ? experts_down_tail(tokens, sh.H, chunk, st.down_tail) : 0;
@@ -227,7 +240,10 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
 }
 
 int own_launches(const LayerPlan& p) {
-  return 1 + (p.routing_kernel ? 1 : 0) + static_cast<int>(p.experts.size());
+  constexpr int kGroupedPathLaunches = 6;  // plan, permute, 2 GEMMs, activation, combine
+  const int experts =
+      p.stream == Stream::Grouped ? kGroupedPathLaunches : static_cast<int>(p.experts.size());
+  return 1 + (p.routing_kernel ? 1 : 0) + experts;
 }
 
 }  // namespace moekit::plan

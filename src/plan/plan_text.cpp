@@ -18,12 +18,13 @@ const char* stream_name(Stream s) {
     case Stream::Bulk: return "bulk";
     case Stream::Registers: return "regs";
     case Stream::RegistersEarlyActs: return "regs-early";
+    case Stream::Grouped: return "grouped";
   }
   return "?";
 }
 
 std::optional<Stream> parse_stream(const std::string& s) {
-  for (Stream v : {Stream::Bulk, Stream::Registers, Stream::RegistersEarlyActs}) {
+  for (Stream v : {Stream::Bulk, Stream::Registers, Stream::RegistersEarlyActs, Stream::Grouped}) {
     if (s == stream_name(v)) return v;
   }
   return std::nullopt;
@@ -99,9 +100,11 @@ PlanOverrides plan_overrides_from_env(PlanOverrides o) {
   if (const char* v = std::getenv("MOEKIT_EXPERTS_KERNEL"); v != nullptr && v[0] != '\0') {
     const auto s = parse_stream(v);
     MK_CHECK(s.has_value(),
-             "MOEKIT_EXPERTS_KERNEL='" << v << "' (expected bulk, regs or regs-early)");
+             "MOEKIT_EXPERTS_KERNEL='" << v << "' (expected bulk, regs, regs-early or grouped)");
     o.stream = s;
   }
+  o.grouped_from_tokens =
+      env_int("MOEKIT_EXPERTS_GROUPED_FROM", o.grouped_from_tokens, 0, kMaxCount, kTokens);
   o.gate_up_tail_percent = env_int("MOEKIT_EXPERTS_TAIL", o.gate_up_tail_percent, 0, 100, kPercent);
   o.shared_first_tokens =
       env_int("MOEKIT_EXPERTS_SHARED_FIRST", o.shared_first_tokens, 0, kMaxCount, kTokens);
@@ -157,6 +160,10 @@ std::string describe(const LayerPlan& p) {
      << tuning::source_name(p.router.source) << ")\n";
   os << "  routing  " << (p.routing_kernel ? "routing + dispatch kernel" : "none: gate/up self-routes")
      << '\n';
+  if (p.stream == Stream::Grouped) {
+    os << "  experts  grouped GEMM path: plan, permute, gate/up grouped GEMM, activation, down "
+          "grouped GEMM, combine\n";
+  }
   for (const ExpertLaunch& l : p.experts) {
     std::string role = l.role;
     role.resize(std::max<size_t>(role.size(), 8), ' ');
