@@ -3,7 +3,7 @@
 //
 // Families scaled down (hidden 256, 32 experts, I 128; shared slots kept): Qwen3-30B-A3B (SiLU),
 // gpt-oss-120b (clamped swiglu, expert biases), MiniMax-M3 (swigluoai with its limit, one shared
-// slot), DeepSeek-V3 (one shared slot) and Qwen2-57B-A14B (gated shared MLP, two slots), fused
+// slot), DeepSeek-V3 (one shared slot) and Qwen2-57B-A14B (gated shared MLP, eight slots), fused
 // and unfused, at T in {257, 1000, 4096} (no multiple of any tile). Ids and weights come from
 // cpu_reference::route on the CPU's logits, or are crafted: half the experts with no token, one
 // expert that every token takes. The expected y is the sum over slots, in slot order, of the

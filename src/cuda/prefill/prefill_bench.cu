@@ -11,6 +11,7 @@
 #include "cuda/cublas_check.h"
 #include "cuda/cuda_check.h"
 #include "cuda/prefill/prefill.h"
+#include "cuda/prefill/prefill_bench.h"
 #include "moekit/error.h"
 
 namespace moekit::cuda {
