@@ -3,7 +3,7 @@
 # CUDA is optional: when nvcc is on the PATH (or in /usr/local/cuda/bin) the CUDA backend builds too.
 set -euo pipefail
 packages=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-          libbenchmark-dev clang-14 libclang-rt-14-dev python3)
+          libbenchmark-dev clang-14 libclang-rt-14-dev python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -14,4 +14,23 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
+fi
+
+# CUTLASS headers for the CUDA prefill path (src/cuda/prefill/): PyPI's nvidia-cutlass wheel,
+# pinned, into the project venv .venv (ignored by git). Only where nvcc exists (CUDA builds).
+cutlass_version="4.2.0.0"
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  venv_python=".venv/bin/python"
+  cd "$(dirname "$0")/.."
+  if [ ! -x "$venv_python" ]; then
+    python3 -m venv .venv || {
+      echo "install_deps: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2
+      exit 1
+    }
+  fi
+  have=$("$venv_python" -m pip show nvidia-cutlass 2>/dev/null | sed -n 's/^Version: //p' || true)
+  if [ "$have" != "$cutlass_version" ]; then
+    echo "installing: nvidia-cutlass==$cutlass_version into .venv"
+    "$venv_python" -m pip install -q --disable-pip-version-check "nvidia-cutlass==$cutlass_version"
+  fi
 fi

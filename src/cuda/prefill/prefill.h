@@ -1,0 +1,71 @@
+// The prefill path of the GPU experts (compute-bound batches, hundreds to thousands of tokens) on
+// sm_90a tensor cores: one host entry that takes the routing's ids and weights and runs
+//
+//   1. plan     (one CTA) per-expert counts over the weight rows E+S, their offsets, a stable
+//               permutation (pair q = t*slots + s -> row pos(q), rows grouped by expert in expert
+//               order, pairs of one expert in pair order) and both GEMMs' per-group problem
+//               sizes, pointers and strides, all on the device
+//   2. permute  xs[pos(q)] = x[q / slots]: each expert's token rows contiguous
+//   3. gate/up  grouped GEMM gu[n_e, 2I] = xs_e[n_e, H] . w13_e[2I, H]^T, fp32 (prefill_gemm.h)
+//   4. act      h[n_e, I] = act(gate + b13, up + b13) in bf16 (SiLU*mul, the clamped variants)
+//   5. down     grouped GEMM partial[n_e, H] = h_e[n_e, I] . w2_e[H, I]^T, fp32
+//   6. combine  y[t] = sum_s w[t,s] * (partial[pos(t,s)] + b2[id]) in slot order
+//               (+ shared_scale[t] * shared_partial[t]), bf16
+//
+// No host synchronisation: every size the host needs is the token count and the spec's shapes,
+// so a CUDA graph can capture a launch. The result does not depend on the order of the pairs
+// (each pair is its own GEMM row; the combine sums in slot order): bit-for-bit repeatable.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "moekit/spec.h"
+
+namespace moekit::cuda {
+
+struct PrefillParams {
+  int tokens = 0;  // T, 1..max_tokens
+  int hidden = 0;  // H, multiple of 64
+  int inter = 0;   // I of one expert (or fused shared slot), multiple of 64
+  int rows = 0;    // weight rows E + S: the GEMMs' group count, ids' range
+  int slots = 0;   // per token: top_k (+ fused shared slots)
+  int max_tokens = 0;  // what `workspace` was sized for (prefill_workspace_bytes)
+
+  const __nv_bfloat16* x = nullptr;  // [T, H]
+  const int32_t* ids = nullptr;      // [T, slots] in [0, rows)
+  const float* weights = nullptr;    // [T, slots]
+  const __nv_bfloat16* w13 = nullptr;  // [rows, 2I, H]: gate rows [0, I), then up rows
+  const __nv_bfloat16* w2 = nullptr;   // [rows, H, I]
+  const float* b13 = nullptr;          // [rows, 2I] or null
+  const float* b2 = nullptr;           // [rows, H] or null
+  Activation activation = Activation::Silu;
+  float limit = 0.0f, alpha = 1.702f, beta = 1.0f;  // MoeSpec's swiglu_limit / _alpha / _beta
+  // the unfused shared MLP's output [T, H] fp32 and its per-token scale [T]: both or neither
+  const float* shared_partial = nullptr;
+  const float* shared_scale = nullptr;
+  __nv_bfloat16* y = nullptr;  // [T, H]
+  int* error_flag = nullptr;   // set to 1 when an id falls outside [0, rows) (its slot dropped)
+
+  void* workspace = nullptr;  // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter)
+  size_t workspace_bytes = 0;
+};
+
+// Device workspace of the path for up to max_tokens tokens (permuted x, gate/up fp32, h, fp32
+// partials, the plan and both GEMMs' group arrays and CUTLASS workspaces), on the current device.
+size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter);
+
+// Whether the current device runs the path (sm_90a: compute capability 9.0); else `why`.
+bool prefill_supported(const char** why = nullptr);
+
+// Runs the path in `stream` (6 launches). Throws moekit::Error naming the bad field before any
+// launch (shapes, alignment, the workspace's size).
+void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream);
+
+// The expert GEMMs' FLOPs of one forward: 2 * pairs * (H * 2I + I * H) (for expert_tflops).
+double prefill_expert_flops(int tokens, int slots, int hidden, int inter);
+
+}  // namespace moekit::cuda

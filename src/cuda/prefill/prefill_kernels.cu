@@ -1,0 +1,400 @@
+// The prefill path's kernels around its grouped GEMMs (prefill_kernels.h): plan, permute,
+// activation, combine. Every loop over rows is bounded by the host's token count and reads the
+// plan's device total, so no host synchronisation is needed between the launches.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "cuda/cuda_check.h"
+#include "cuda/prefill/prefill_kernels.h"
+#include "moekit/error.h"
+
+namespace moekit::cuda {
+namespace {
+
+constexpr int kPlanThreads = 1024;
+constexpr int kPlanWarps = kPlanThreads / 32;
+constexpr int kPlanSmemBudget = 200 * 1024;  // per-warp counters + the per-expert totals
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// The number of warps whose pair ranges the plan counts separately for `rows` experts: each holds
+// a row of `rows` counters in shared memory.
+int plan_warps(int rows) {
+  const int fit = (kPlanSmemBudget - rows * 4) / (rows * 4);
+  return std::max(1, std::min(kPlanWarps, fit));
+}
+
+struct PlanArgs {
+  const int32_t* ids;
+  long long pairs;
+  int rows, warps, hidden, inter;
+  const __nv_bfloat16* w13;
+  const __nv_bfloat16* w2;
+  PrefillWorkspace ws;
+  int* error_flag;
+};
+
+// Exclusive scan over the block of one int per thread; *total gets the sum (every thread).
+__device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int inc = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, inc, off);
+    if (lane >= off) inc += u;
+  }
+  if (lane == 31) warp_sums[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    const int s = warp_sums[lane];
+    int si = s;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int u = __shfl_up_sync(0xffffffffu, si, off);
+      if (lane >= off) si += u;
+    }
+    warp_sums[lane] = si - s;  // exclusive prefix of the warp totals
+    if (lane == 31) warp_sums[32] = si;
+  }
+  __syncthreads();
+  const int result = warp_sums[warp] + inc - v;
+  *total = warp_sums[32];
+  __syncthreads();  // (warp_sums is reused by the caller's next scan)
+  return result;
+}
+
+// counts[w][e]: the pairs of warp w's contiguous range routed to e; becomes the first row of
+// those pairs. Warp w then places its range's pairs in pair order (match_any ranks inside each
+// 32-pair step), so the permutation is stable: expert order, then pair order.
+__global__ void __launch_bounds__(kPlanThreads) prefill_plan_kernel(PlanArgs a) {
+  extern __shared__ int smem[];
+  int* counts = smem;                             // [warps][rows]
+  int* offsets = smem + a.warps * a.rows;         // [rows]
+  __shared__ int warp_sums[33];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int rows = a.rows;
+  for (int i = tid; i < a.warps * rows; i += kPlanThreads) counts[i] = 0;
+  __syncthreads();
+
+  const long long begin = warp < a.warps ? a.pairs * warp / a.warps : 0;
+  const long long end = warp < a.warps ? a.pairs * (warp + 1) / a.warps : 0;
+  for (long long q = begin + lane; q < end; q += 32) {
+    const int e = a.ids[q];
+    if (e >= 0 && e < rows) {
+      atomicAdd(&counts[warp * rows + e], 1);
+    } else if (a.error_flag != nullptr) {
+      *a.error_flag = 1;
+    }
+  }
+  __syncthreads();
+
+  // per expert: each warp's first row inside the expert's segment, and the segment's length
+  for (int e = tid; e < rows; e += kPlanThreads) {
+    int run = 0;
+    for (int w = 0; w < a.warps; ++w) {
+      const int c = counts[w * rows + e];
+      counts[w * rows + e] = run;
+      run += c;
+    }
+    offsets[e] = run;
+  }
+  __syncthreads();
+  // segment offsets: exclusive scan of the lengths in expert order (<= 2 experts per thread)
+  const int per = (rows + kPlanThreads - 1) / kPlanThreads;
+  const int e0 = tid * per;
+  int local = 0;
+  for (int i = 0; i < per; ++i) {
+    if (e0 + i < rows) local += offsets[e0 + i];
+  }
+  int total = 0;
+  int run = block_exclusive_scan(local, warp_sums, &total);
+  const PrefillWorkspace& ws = a.ws;
+  const int H = a.hidden, I = a.inter;
+  for (int i = 0; i < per; ++i) {
+    const int e = e0 + i;
+    if (e >= rows) break;
+    const int n = offsets[e];
+    const long long off = run;
+    run += n;
+    offsets[e] = static_cast<int>(off);
+    ws.gate_up.problems[e] = {n, 2 * I, H};
+    ws.gate_up.a[e] = ws.xs + off * H;
+    ws.gate_up.b[e] = a.w13 + static_cast<long long>(e) * 2 * I * H;
+    ws.gate_up.d[e] = ws.gu + off * 2 * I;
+    ws.gate_up.stride_a[e] = H;
+    ws.gate_up.stride_b[e] = H;
+    ws.gate_up.stride_d[e] = 2 * I;
+    ws.down.problems[e] = {n, H, I};
+    ws.down.a[e] = ws.h + off * I;
+    ws.down.b[e] = a.w2 + static_cast<long long>(e) * H * I;
+    ws.down.d[e] = ws.partial + off * H;
+    ws.down.stride_a[e] = I;
+    ws.down.stride_b[e] = I;
+    ws.down.stride_d[e] = H;
+  }
+  if (tid == 0) *ws.total_rows = total;
+  __syncthreads();
+  for (int i = tid; i < a.warps * rows; i += kPlanThreads) counts[i] += offsets[i % rows];
+  __syncthreads();
+
+  // placement, warp by warp over its range in pair order
+  const unsigned lower = (1u << lane) - 1u;
+  for (long long q0 = begin; q0 < end; q0 += 32) {
+    const long long q = q0 + lane;
+    const bool in = q < end;
+    int e = in ? a.ids[q] : -1;
+    if (e < 0 || e >= rows) e = -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0) {
+      const int pos = counts[warp * rows + e] + __popc(peers & lower);
+      ws.pos_of_pair[q] = pos;
+      ws.row_pair[pos] = static_cast<int>(q);
+      ws.row_expert[pos] = e;
+    } else if (in) {
+      ws.pos_of_pair[q] = -1;
+    }
+    __syncwarp();
+    if (e >= 0 && (peers & lower) == 0) counts[warp * rows + e] += __popc(peers);
+    __syncwarp();
+  }
+}
+
+// xs[r] = x[row_pair[r] / slots], 16 bytes a thread
+__global__ void prefill_permute_kernel(const uint4* __restrict__ x, const int* __restrict__ row_pair,
+                                       const int* __restrict__ total_rows, uint4* __restrict__ xs,
+                                       long long max_rows, int units, int slots) {
+  const long long rows = min(static_cast<long long>(*total_rows), max_rows);
+  const long long n = rows * units;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long r = i / units;
+    const int c = static_cast<int>(i - r * units);
+    const long long t = row_pair[r] / slots;
+    xs[i] = x[t * units + c];
+  }
+}
+
+// The gated nonlinearity, as the decode path's experts_common.cuh `activate` and DESIGN.md §1.
+__device__ __forceinline__ float prefill_activate(Activation act, float g, float u, float limit,
+                                                  float alpha, float beta) {
+  if (limit > 0.0f) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+  }
+  if (act == Activation::Silu) return g / (1.0f + expf(-g)) * u;
+  const float glu = g / (1.0f + expf(-alpha * g));
+  return (u + beta) * glu;
+}
+
+struct ActArgs {
+  const float* gu;
+  const float* b13;
+  const int* row_expert;
+  const int* total_rows;
+  __nv_bfloat16* h;
+  long long max_rows;
+  int inter;
+  Activation act;
+  float limit, alpha, beta;
+};
+
+// 4 consecutive h columns a thread
+__global__ void prefill_activation_kernel(ActArgs a) {
+  const long long rows = min(static_cast<long long>(*a.total_rows), a.max_rows);
+  const int quads = a.inter / 4;
+  const long long n = rows * quads;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long r = i / quads;
+    const int j = static_cast<int>(i - r * quads) * 4;
+    const float* row = a.gu + r * 2 * a.inter;
+    float4 g = *reinterpret_cast<const float4*>(row + j);
+    float4 u = *reinterpret_cast<const float4*>(row + a.inter + j);
+    if (a.b13 != nullptr) {
+      const float* b = a.b13 + static_cast<long long>(a.row_expert[r]) * 2 * a.inter;
+      const float4 bg = *reinterpret_cast<const float4*>(b + j);
+      const float4 bu = *reinterpret_cast<const float4*>(b + a.inter + j);
+      g.x += bg.x; g.y += bg.y; g.z += bg.z; g.w += bg.w;
+      u.x += bu.x; u.y += bu.y; u.z += bu.z; u.w += bu.w;
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(
+        prefill_activate(a.act, g.x, u.x, a.limit, a.alpha, a.beta),
+        prefill_activate(a.act, g.y, u.y, a.limit, a.alpha, a.beta));
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(
+        prefill_activate(a.act, g.z, u.z, a.limit, a.alpha, a.beta),
+        prefill_activate(a.act, g.w, u.w, a.limit, a.alpha, a.beta));
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(a.h + r * a.inter + j);
+    out[0] = lo;
+    out[1] = hi;
+  }
+}
+
+struct CombineArgs {
+  const float* partial;
+  const float* b2;
+  const int* pos_of_pair;
+  const int32_t* ids;
+  const float* weights;
+  const float* shared_partial;
+  const float* shared_scale;
+  __nv_bfloat16* y;
+  int tokens, hidden, slots;
+};
+
+// y[t, c..c+3] = sum over slots s in order of w[t,s] * (partial[pos] + b2[id]), + the shared
+// MLP's scaled output, rounded to bf16
+__global__ void prefill_combine_kernel(CombineArgs a) {
+  const int quads = a.hidden / 4;
+  const long long n = static_cast<long long>(a.tokens) * quads;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long t = i / quads;
+    const int c = static_cast<int>(i - t * quads) * 4;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < a.slots; ++s) {
+      const long long q = t * a.slots + s;
+      const int pos = a.pos_of_pair[q];
+      if (pos < 0) continue;
+      float4 v = *reinterpret_cast<const float4*>(a.partial + static_cast<long long>(pos) *
+                                                                  a.hidden + c);
+      if (a.b2 != nullptr) {
+        const float4 b = *reinterpret_cast<const float4*>(
+            a.b2 + static_cast<long long>(a.ids[q]) * a.hidden + c);
+        v.x += b.x; v.y += b.y; v.z += b.z; v.w += b.w;
+      }
+      const float w = a.weights[q];
+      acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+    }
+    if (a.shared_partial != nullptr) {
+      const float sc = a.shared_scale[t];
+      const float4 s = *reinterpret_cast<const float4*>(a.shared_partial + t * a.hidden + c);
+      acc.x += sc * s.x; acc.y += sc * s.y; acc.z += sc * s.z; acc.w += sc * s.w;
+    }
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(a.y + t * a.hidden + c);
+    out[0] = __floats2bfloat162_rn(acc.x, acc.y);
+    out[1] = __floats2bfloat162_rn(acc.z, acc.w);
+  }
+}
+
+// A grid-stride launch's grid for n threads' work: one thread per item up to a cap of 16 CTAs per
+// SM of an H200 (132 SMs), past which the threads loop.
+constexpr long long kStrideGridCap = 132LL * 16;
+int stride_grid(long long n, int threads) {
+  const long long need = (n + threads - 1) / threads;
+  return static_cast<int>(std::max<long long>(1, std::min<long long>(need, kStrideGridCap)));
+}
+
+}  // namespace
+
+PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, int hidden,
+                               int inter) {
+  PrefillWorkspace ws;
+  const size_t P = static_cast<size_t>(max_tokens) * slots;
+  const size_t R = static_cast<size_t>(rows);
+  char* b = static_cast<char*>(base);
+  size_t at = 0;
+  auto take = [&](size_t bytes) -> void* {
+    void* p = b != nullptr ? b + at : nullptr;
+    at = align_up(at + bytes, 256);
+    return p;
+  };
+  ws.pos_of_pair = static_cast<int*>(take(P * 4));
+  ws.row_pair = static_cast<int*>(take(P * 4));
+  ws.row_expert = static_cast<int*>(take(P * 4));
+  ws.total_rows = static_cast<int*>(take(4));
+  ws.xs = static_cast<__nv_bfloat16*>(take(P * hidden * 2));
+  ws.gu = static_cast<float*>(take(P * 2 * inter * 4));
+  ws.h = static_cast<__nv_bfloat16*>(take(P * inter * 2));
+  ws.partial = static_cast<float*>(take(P * hidden * 4));
+  for (PrefillGroupArrays* g : {&ws.gate_up, &ws.down}) {
+    g->problems = static_cast<PrefillProblem*>(take(R * sizeof(PrefillProblem)));
+    g->a = static_cast<const __nv_bfloat16**>(take(R * 8));
+    g->b = static_cast<const __nv_bfloat16**>(take(R * 8));
+    g->d = static_cast<float**>(take(R * 8));
+    g->stride_a = static_cast<int64_t*>(take(R * 8));
+    g->stride_b = static_cast<int64_t*>(take(R * 8));
+    g->stride_d = static_cast<int64_t*>(take(R * 8));
+  }
+  ws.gemm_workspace_bytes = prefill_gemm_workspace_bytes(rows);
+  ws.gemm_workspace[0] = take(ws.gemm_workspace_bytes);
+  ws.gemm_workspace[1] = take(ws.gemm_workspace_bytes);
+  ws.total_bytes = at;
+  return ws;
+}
+
+void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cudaStream_t stream) {
+  MK_CHECK(p.rows >= 1 && p.rows <= kPrefillMaxRows,
+           "prefill plan counts 1.." << kPrefillMaxRows << " weight rows, got " << p.rows);
+  PlanArgs a;
+  a.ids = p.ids;
+  a.pairs = static_cast<long long>(p.tokens) * p.slots;
+  a.rows = p.rows;
+  a.warps = plan_warps(p.rows);
+  a.hidden = p.hidden;
+  a.inter = p.inter;
+  a.w13 = p.w13;
+  a.w2 = p.w2;
+  a.ws = ws;
+  a.error_flag = p.error_flag;
+  const size_t smem = static_cast<size_t>(a.warps + 1) * p.rows * sizeof(int);
+  static std::once_flag once;
+  std::call_once(once, [] {
+    MK_CUDA_CHECK(cudaFuncSetAttribute(prefill_plan_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kPlanSmemBudget));
+  });
+  prefill_plan_kernel<<<1, kPlanThreads, smem, stream>>>(a);
+  MK_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_prefill_permute(const PrefillParams& p, const PrefillWorkspace& ws,
+                            cudaStream_t stream) {
+  const long long max_rows = static_cast<long long>(p.tokens) * p.slots;
+  const int units = p.hidden / 8;
+  prefill_permute_kernel<<<stride_grid(max_rows * units, 256), 256, 0, stream>>>(
+      reinterpret_cast<const uint4*>(p.x), ws.row_pair, ws.total_rows,
+      reinterpret_cast<uint4*>(ws.xs), max_rows, units, p.slots);
+  MK_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_prefill_activation(const PrefillParams& p, const PrefillWorkspace& ws,
+                               cudaStream_t stream) {
+  ActArgs a;
+  a.gu = ws.gu;
+  a.b13 = p.b13;
+  a.row_expert = ws.row_expert;
+  a.total_rows = ws.total_rows;
+  a.h = ws.h;
+  a.max_rows = static_cast<long long>(p.tokens) * p.slots;
+  a.inter = p.inter;
+  a.act = p.activation;
+  a.limit = p.limit;
+  a.alpha = p.alpha;
+  a.beta = p.beta;
+  prefill_activation_kernel<<<stride_grid(a.max_rows * (p.inter / 4), 256), 256, 0, stream>>>(a);
+  MK_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_prefill_combine(const PrefillParams& p, const PrefillWorkspace& ws,
+                            cudaStream_t stream) {
+  CombineArgs a;
+  a.partial = ws.partial;
+  a.b2 = p.b2;
+  a.pos_of_pair = ws.pos_of_pair;
+  a.ids = p.ids;
+  a.weights = p.weights;
+  a.shared_partial = p.shared_partial;
+  a.shared_scale = p.shared_scale;
+  a.y = p.y;
+  a.tokens = p.tokens;
+  a.hidden = p.hidden;
+  a.slots = p.slots;
+  const long long n = static_cast<long long>(p.tokens) * (p.hidden / 4);
+  prefill_combine_kernel<<<stride_grid(n, 256), 256, 0, stream>>>(a);
+  MK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moekit::cuda

@@ -1,0 +1,51 @@
+// The prefill path's own kernels around its two grouped GEMMs (prefill_kernels.cu): plan,
+// permute, activation, combine (prefill.h's steps 1, 2, 4, 6), and the workspace they share.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/prefill/prefill.h"
+#include "cuda/prefill/prefill_gemm.h"
+
+namespace moekit::cuda {
+
+// The path's device buffers, carved from one workspace (prefill_carve). P = max_tokens x slots.
+struct PrefillWorkspace {
+  int* pos_of_pair = nullptr;   // [P]: the permuted row of pair q, or -1 (id out of range)
+  int* row_pair = nullptr;      // [P]: the pair of permuted row r
+  int* row_expert = nullptr;    // [P]: the expert of permuted row r
+  int* total_rows = nullptr;    // [1]: the valid pairs (rows of xs)
+  __nv_bfloat16* xs = nullptr;  // [P, H] permuted x
+  float* gu = nullptr;          // [P, 2I] gate/up GEMM output
+  __nv_bfloat16* h = nullptr;   // [P, I] activation
+  float* partial = nullptr;     // [P, H] down GEMM output (unweighted, no bias)
+  PrefillGroupArrays gate_up, down;  // [rows] each
+  void* gemm_workspace[2] = {nullptr, nullptr};
+  size_t gemm_workspace_bytes = 0;
+  size_t total_bytes = 0;  // the whole carve
+};
+
+// Lays the workspace out from `base` (null: sizes only, total_bytes set).
+PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, int hidden,
+                               int inter);
+
+// Step 1, one CTA: counts, offsets, the stable permutation and both GEMMs' group arrays.
+void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cudaStream_t stream);
+// Step 2: xs[r] = x[row_pair[r] / slots] for r < total_rows.
+void launch_prefill_permute(const PrefillParams& p, const PrefillWorkspace& ws,
+                            cudaStream_t stream);
+// Step 4: h[r] = act(gu[r] gate half + b13, up half + b13) for r < total_rows.
+void launch_prefill_activation(const PrefillParams& p, const PrefillWorkspace& ws,
+                               cudaStream_t stream);
+// Step 6: y[t] from the partials of its slots, in slot order (+ the shared partial).
+void launch_prefill_combine(const PrefillParams& p, const PrefillWorkspace& ws,
+                            cudaStream_t stream);
+
+// Largest E + S the plan counts (its shared-memory counters).
+constexpr int kPrefillMaxRows = 2048;
+
+}  // namespace moekit::cuda
