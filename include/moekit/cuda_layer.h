@@ -139,7 +139,7 @@ struct GpuBenchRecord {
   std::string fuse_shared;         // "on" | "off" (what was timed)
   bool auto_choice = false;        // whether fuse=auto picks this mode at this batch
   double us_per_layer = 0;         // median, CUDA-graph replay, weights not L2-resident
-  double step_us = 0;              // decode step: every MoE layer of the model
+  double step_us = 0;              // decode step: every MoE layer (0 above 512 tokens: not timed) of the model
   double tokens_per_s = 0;         // batch / step time
   double floor_us = 0;             // touched bytes / measured read bandwidth
   double bw_fraction = 0;          // floor_us / us_per_layer
@@ -150,6 +150,9 @@ struct GpuBenchRecord {
   int layer_sets = 0;              // distinct weight sets rotated among
   int moe_layers = 0;
   std::string plan;                // what ran: plan::summary of the layer's plan
+  double expert_tflops = 0;        // the expert GEMMs' FLOPs (6 T slots H I) over us_per_layer
+  double peak_tflops = 0;          // the bf16 ceiling measured in the same run (8192^3 cuBLAS)
+  double peak_fraction = 0;        // expert_tflops / peak_tflops
 };
 
 // Measures read bandwidth (16-byte loads over >= 2 GB), then for each batch times one layer and a

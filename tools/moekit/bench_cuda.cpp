@@ -232,6 +232,9 @@ int run_bench_cuda(const BenchOptions& opt) {
                      {"fused_over_unfused", r.fused_over_unfused},
                      {"layer_sets", r.layer_sets},
                      {"moe_layers", r.moe_layers},
+                     {"expert_tflops", r.expert_tflops},
+                     {"peak_tflops", r.peak_tflops},
+                     {"peak_fraction", r.peak_fraction},
                      {"plan", r.plan},
                      {"command", command_line()}});
     }

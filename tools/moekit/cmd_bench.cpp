@@ -1,40 +1,13 @@
 // `moekit bench --model M [--batch 1,32,128] [--device cpu|cuda] [--fuse-shared ...] [--json]`:
 // per-layer time and tokens/s; the CPU and CUDA backends each measure their own bandwidth ceiling
 // in the same run (bench_cpu.cpp, bench_cuda.cpp). `bench router-gemm` is a sub-benchmark.
-#include <sstream>
-
 #include "cli_common.h"
 #include "commands.h"
 #include "forward_backends.h"
 #include "moekit/error.h"
+#include "token_list.h"
 
 namespace moekit::cli {
-namespace {
-
-std::vector<int> parse_batches(const std::string& list) {
-  std::vector<int> out;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    MK_CHECK(!item.empty(), "--batch '" << list << "' has an empty entry");
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      MK_FAIL("--batch '" << list << "': '" << item << "' is not a number");
-    }
-    // Decimal digits only: stoi also takes leading blanks and '+'.
-    const bool digits = item.find_first_not_of("0123456789") == std::string::npos;
-    MK_CHECK(digits && used == item.size() && v >= 1 && v <= 1 << 20,
-             "--batch '" << list << "': '" << item << "' must be a whole number in [1, 1048576]");
-    out.push_back(v);
-  }
-  MK_CHECK(!out.empty(), "--batch is empty");
-  return out;
-}
-
-}  // namespace
 
 CLI::App* add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time one MoE layer and a decode step (or a sub-bench)");
@@ -43,7 +16,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   auto fuse = std::make_shared<std::string>("auto");
   cmd->add_option("--model,-m", o->model, "Short name or path to config.json");
   cmd->add_option("--weights", o->weights, "Checkpoint directory; default random weights");
-  cmd->add_option("--batch,-b", *batches, "Comma-separated token counts")->capture_default_str();
+  cmd->add_option("--batch,-b", *batches, "Token counts: '1,32,128', '1-16,32'")->capture_default_str();
   cmd->add_option("--device", o->device, "auto|cpu|cuda")->capture_default_str();
   cmd->add_option("--backend", o->backend, "CPU backend: fast|reference")->capture_default_str();
   cmd->add_option("--fuse-shared", *fuse, "auto|on|off")->capture_default_str();
@@ -62,7 +35,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->callback([cmd, o, batches, fuse] {
     if (!cmd->get_subcommands().empty()) return;  // a sub-benchmark ran instead
     MK_CHECK(!o->model.empty(), "bench: --model is required");
-    o->batches = parse_batches(*batches);
+    o->batches = parse_token_list(*batches, "--batch");
     o->fuse = fuse_shared_from_env(parse_fuse_shared(*fuse));
     const std::string device = resolve_device(o->device);
     MK_CHECK(!o->trace || device == "cuda",

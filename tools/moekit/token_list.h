@@ -1,4 +1,4 @@
-// Token-count lists for the router GEMM commands (tune, bench router-gemm): "1-128", "1,2,4,8",
+// Token-count lists (bench, plan, tune, bench router-gemm): "1-128", "1,2,4,8",
 // "1-16,32,64"; and the UTC time stamp their JSON records carry.
 #pragma once
 
@@ -12,7 +12,7 @@
 
 namespace moekit::cli {
 
-// Ascending, distinct, each in [1, 65536]; throws naming the option and the bad entry.
+// Ascending, distinct, each in [1, 1048576]; throws naming the option and the bad entry.
 inline std::vector<int> parse_token_list(const std::string& text, const char* option) {
   std::vector<int> out;
   auto number = [&](const std::string& s) {
@@ -23,8 +23,10 @@ inline std::vector<int> parse_token_list(const std::string& text, const char* op
     } catch (const std::exception&) {
       MK_FAIL(option << " '" << text << "': '" << s << "' is not a number");
     }
-    MK_CHECK(used == s.size() && v >= 1 && v <= 65536,
-             option << " '" << text << "': '" << s << "' must be a whole number in [1, 65536]");
+    // decimal digits only (stoi also takes leading blanks, '+' and '-')
+    const bool digits = !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+    MK_CHECK(digits && used == s.size() && v >= 1 && v <= (1 << 20),
+             option << " '" << text << "': '" << s << "' must be a whole number in [1, 1048576]");
     return v;
   };
   std::stringstream ss(text);

@@ -28,6 +28,7 @@
 #include "cuda/common/device_buffer.h"
 #include "cuda/layer/random_fill.h"
 #include "cuda/common/trace.cuh"
+#include "cuda/prefill/prefill_bench.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 
@@ -194,6 +195,9 @@ double measure_read_bandwidth(size_t bytes, int device) {
   return static_cast<double>(bytes) / (us * 1e3);
 }
 
+// Above this batch the decode step (every MoE layer in one graph) is not timed: its layers add up.
+constexpr int kStepMaxBatch = 512;
+
 std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose) {
   const MoeSpec spec = load_spec(opt.model);
   MK_CHECK(!opt.batches.empty(), "bench_layer: no batch sizes given");
@@ -213,6 +217,9 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
            "bench_layer: needs 8 GB free for the bandwidth probe, " << free_b << " bytes free");
   const double bw_gbs = measure_read_bandwidth(read_bytes, opt.device);
   if (verbose) std::fprintf(stderr, "read bandwidth: %.1f GB/s over %zu MB\n", bw_gbs, read_bytes >> 20);
+  // the bf16 tensor-core ceiling (a dense 8192^3 cuBLAS GEMM), for peak_fraction
+  const double peak_tflops = bench_bf16_gemm_tflops();
+  if (verbose) std::fprintf(stderr, "bf16 GEMM ceiling: %.1f TFLOP/s\n", peak_tflops);
 
   // 2. distinct weight sets
   GpuLayerOptions lo;
@@ -298,6 +305,24 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
         const int layer_reps = opt.iterations > 0 ? opt.iterations : 30;
         r.us_per_layer = time_graph(layer_graph, stream.s, layer_reps, 3) / nsets;
         r.bw_fraction = r.floor_us / r.us_per_layer;
+        const int slots = spec.top_k + (fused ? spec.shared_slots() : 0);
+        const double expert_flops =
+            6.0 * batch * slots * static_cast<double>(spec.hidden) * spec.expert_intermediate;
+        r.expert_tflops = expert_flops / (r.us_per_layer * 1e6);
+        r.peak_tflops = peak_tflops;
+        r.peak_fraction = r.expert_tflops / peak_tflops;
+        if (batch > kStepMaxBatch) {  // (a step of prefill-sized batches: the layers add up)
+          r.step_us = 0;
+          r.tokens_per_s = batch / (r.us_per_layer * moe_layers * 1e-6);
+          recs.push_back(r);
+          if (verbose) {
+            std::fprintf(stderr, "  batch %d fused=%s: %.1f us/layer (floor %.1f, %.3f of bw), "
+                         "%.1f expert TFLOP/s (%.3f of the bf16 ceiling)\n", batch,
+                         r.fuse_shared.c_str(), r.us_per_layer, r.floor_us, r.bw_fraction,
+                         r.expert_tflops, r.peak_fraction);
+          }
+          continue;
+        }
 
         // a decode step: every MoE layer, layer l on set l % nsets
         Graph step_graph;

@@ -17,6 +17,7 @@
 #include "cuda/experts/experts.h"
 #include "cuda/experts/experts_instances.cuh"
 #include "cuda/layer/layer_impl.h"
+#include "cuda/prefill/prefill.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "moekit/error.h"
 #include "plan/expert_kernels.h"
@@ -106,6 +107,10 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
   rp.error_flag = error_flag.as<int>();
   rp.trace = trace;
   if (pl.routing_kernel) launch_routing(rp, st, pl.pdl);
+  if (pl.stream == plan::Stream::Grouped) {
+    forward_grouped(pl, x, y, st);
+    return;
+  }
 
   // the parameters every expert launch shares
   auto common = [&](const plan::ExpertLaunch& l) {
@@ -202,6 +207,40 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
     }
     launch_expert_kernel(l.kernel, p, l.grid, pl.pdl, st);
   }
+}
+
+// 3-4 on the prefill path: the routing's ids and weights -> permute, grouped GEMMs, combine.
+void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x, void* y,
+                                        cudaStream_t st) {
+  MK_CHECK(prefill_workspace.ptr != nullptr,
+           "the plan takes the prefill path at " << pl.tokens << " tokens, but max_tokens ("
+                                                 << opt.max_tokens << ") does not");
+  const bool shared_unfused = has_shared && !pl.fused;
+  PrefillParams p;
+  p.tokens = pl.tokens;
+  p.hidden = H;
+  p.inter = I;
+  p.rows = E + (pl.fused ? S : 0);
+  p.slots = pl.slots;
+  p.max_tokens = opt.max_tokens;
+  p.x = static_cast<const __nv_bfloat16*>(x);
+  p.ids = ids.as<int32_t>();
+  p.weights = weights.as<float>();
+  p.w13 = w13.as<__nv_bfloat16>();
+  p.w2 = w2.as<__nv_bfloat16>();
+  p.b13 = spec.has_expert_bias ? b13.as<float>() : nullptr;
+  p.b2 = spec.has_expert_bias ? b2.as<float>() : nullptr;
+  p.activation = spec.activation;
+  p.limit = spec.swiglu_limit;
+  p.alpha = spec.swiglu_alpha;
+  p.beta = spec.swiglu_beta;
+  p.shared_partial = shared_unfused ? shared_partial.as<float>() : nullptr;
+  p.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
+  p.y = static_cast<__nv_bfloat16*>(y);
+  p.error_flag = error_flag.as<int>();
+  p.workspace = prefill_workspace.ptr;
+  p.workspace_bytes = prefill_workspace.bytes;
+  launch_prefill_experts(p, st);
 }
 
 }  // namespace moekit::cuda

@@ -50,6 +50,7 @@ struct GpuMoeLayer::Impl {
   DeviceBuffer h, shared_h, partial, shared_partial, counters, tile_counters;
   DeviceBuffer error_flag;
   DeviceBuffer x_in, y_out;
+  DeviceBuffer prefill_workspace;  // the prefill path's, where a plan up to max_tokens takes it
   int max_tasks = 0;
 
   ~Impl();
@@ -70,6 +71,7 @@ struct GpuMoeLayer::Impl {
   // layer_forward.cu
   const plan::LayerPlan& plan_for(int tokens, FuseShared fuse) const;
   void forward_device(const void* x, void* y, int tokens, FuseShared fuse, cudaStream_t st);
+  void forward_grouped(const plan::LayerPlan& pl, const void* x, void* y, cudaStream_t st);
 };
 
 }  // namespace moekit::cuda

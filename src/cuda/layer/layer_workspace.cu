@@ -8,6 +8,7 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/experts/experts.h"
 #include "cuda/layer/layer_impl.h"
+#include "cuda/prefill/prefill.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "moekit/error.h"
 #include "plan/expert_rules.h"
@@ -56,10 +57,22 @@ void GpuMoeLayer::Impl::allocate_workspace() {
 
 void GpuMoeLayer::Impl::prepare_kernels() {
   prepare_expert_kernels();
-  // the dense shared MLP's cuBLAS handle and buffers, where a forward up to max_tokens uses it
+  // The prefill path's workspace, where the plan takes that path at max_tokens (its rule holds
+  // from a token count on) or it is forced.
+  const plan::LayerPlan at_max = plan::plan_layer(spec, opt.max_tokens, FuseShared::Auto,
+                                                  opt.overrides, device);
+  const bool grouped = at_max.stream == plan::Stream::Grouped;
+  if (grouped) {
+    const char* why = "";
+    MK_CHECK(prefill_supported(&why), "the plan takes the prefill path: " << why);
+    const size_t bytes = prefill_workspace_bytes(opt.max_tokens, K + S, E + S, H, I);
+    allocate<unsigned char>(prefill_workspace, bytes, workspace_bytes);
+  }
+  // The dense shared MLP's cuBLAS handle and buffers, where a forward up to max_tokens uses it
+  // (the prefill path runs an unfused shared MLP so too).
   const int dense_from = opt.overrides.shared_dense_tokens >= 0 ? opt.overrides.shared_dense_tokens
                                                                 : plan::kSharedDenseTokens;
-  if (has_shared && dense_from > 0 && dense_from <= opt.max_tokens) {
+  if (has_shared && ((dense_from > 0 && dense_from <= opt.max_tokens) || grouped)) {
     shared_dense = std::make_unique<SharedDenseMlp>(opt.max_tokens, H, Is);
   }
   warm_up_router_gemm(spec, opt.max_tokens, stream);

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/prefill/prefill.h"
 #include "cuda/prefill/prefill_gemm.h"
 #include "cuda/prefill/prefill_kernels.h"

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "cuda/bench/graph_timing.h"
-#include "cuda/cublas_check.h"
-#include "cuda/cuda_check.h"
+#include "cuda/common/cublas_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/prefill/prefill.h"
 #include "cuda/prefill/prefill_bench.h"
 #include "moekit/error.h"

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/prefill/prefill_gemm.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <mutex>
 
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/prefill/prefill_kernels.h"
 #include "moekit/error.h"
 
