@@ -397,6 +397,14 @@ class CheckpointLayerWeights final : public LayerWeights {
       TensorRef b = t.require_float(s.correction_bias, {E}, "e_score_correction_bias, E");
       correction_bias_.resize(E);
       read_f32(b, 0, E, correction_bias_.data());
+    } else if (!s.correction_bias.empty() && t.has(s.correction_bias)) {
+      // Dropping the bias would route every token differently from the model, silently.
+      MK_FAIL("checkpoint " << dir_.path() << " holds '" << t.full(s.correction_bias)
+                            << "', a routing correction bias, but spec " << spec_.name
+                            << " (model_type " << spec_.model_type << ", "
+                            << scoring_name(spec_.scoring)
+                            << " scoring) routes without one: the config does not describe "
+                               "this checkpoint");
     }
     if (spec_.has_router_bias) {
       MK_CHECK(!s.router_bias.empty(), "spec " << spec_.name << " has a router bias, but the "
