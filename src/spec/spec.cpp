@@ -243,8 +243,7 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name,
   MK_CHECK(supported || options.allow_generic_moe,
            "config '" << name << "': unsupported model_type '" << s.model_type
                       << "' (supported: " << spec_internal::supported_model_types_text()
-                      << "); SpecOptions::allow_generic_moe (CLI --generic-moe) reads it as a "
-                         "generic top-k MoE");
+                      << "); SpecOptions::allow_generic_moe reads it as a generic top-k MoE");
   // Keys the file omits take the transformers class defaults of a supported family.
   const json text = supported ? spec_internal::with_transformers_defaults(file_text, s.model_type)
                               : file_text;
