@@ -83,8 +83,9 @@ TEST_P(CliIo, OutputFileMatchesTheLayerRunInProcess) {
   const MoeSpec spec = load_spec(cfg);
   const int tokens = 5, seed = 11;
   const std::vector<Bf16> x = test::random_input(tokens, spec.hidden, 2, 1.0f);
-  write_safetensors(dir + "/x.safetensors",
-                    {{"x", {DType::BF16, {tokens, spec.hidden}, as_bytes_span(x.data(), x.size())}}});
+  write_safetensors(
+      dir + "/x.safetensors",
+      {{"x", {DType::BF16, {tokens, spec.hidden}, as_bytes_span(x.data(), x.size())}}});
   const Cli r = run_cli(dir, "run --model " + cfg + " --input " + dir + "/x.safetensors --output " +
                                  dir + "/out.safetensors --device cpu --backend reference --seed " +
                                  std::to_string(seed));
@@ -94,7 +95,8 @@ TEST_P(CliIo, OutputFileMatchesTheLayerRunInProcess) {
   const ForwardResult want = cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto);
   const std::vector<float> logits = cpu_reference::router_logits(*w, x.data(), tokens);
   const SafetensorsFile out(dir + "/out.safetensors");
-  EXPECT_EQ(out.names(), (std::vector<std::string>{"router_logits", "topk_ids", "topk_weights", "y"}));
+  EXPECT_EQ(out.names(),
+            (std::vector<std::string>{"router_logits", "topk_ids", "topk_weights", "y"}));
   EXPECT_EQ(out.info("y").dtype_name, "F32");
   EXPECT_EQ(out.shape("y"), dims({tokens, spec.hidden}));
   EXPECT_EQ(out.info("topk_ids").dtype_name, "I32");
@@ -140,18 +142,25 @@ TEST(CliIoInput, F32InputAndFastBackend) {
   std::vector<float> xf(xb.size());
   for (size_t i = 0; i < xb.size(); ++i) xf[i] = bf16_to_float(xb[i]);
   // Any single tensor name is taken as x.
-  write_safetensors(dir + "/xb.safetensors",
-                    {{"x", {DType::BF16, {tokens, spec.hidden}, as_bytes_span(xb.data(), xb.size())}}});
+  write_safetensors(
+      dir + "/xb.safetensors",
+      {{"x", {DType::BF16, {tokens, spec.hidden}, as_bytes_span(xb.data(), xb.size())}}});
   write_safetensors(dir + "/xf.safetensors",
                     {{"hidden_states",
                       {DType::F32, {tokens, spec.hidden}, as_bytes_span(xf.data(), xf.size())}}});
   const std::string common = "run --model " + cfg + " --device cpu --seed 3 --tokens 2 ";
-  ASSERT_EQ(run_cli(dir, common + "--backend reference --input " + dir + "/xb.safetensors --output " +
-                             dir + "/ob.safetensors").status, 0);
-  ASSERT_EQ(run_cli(dir, common + "--backend reference --input " + dir + "/xf.safetensors --output " +
-                             dir + "/of.safetensors").status, 0);
+  ASSERT_EQ(run_cli(dir, common + "--backend reference --input " + dir +
+                             "/xb.safetensors --output " + dir + "/ob.safetensors")
+                .status,
+            0);
+  ASSERT_EQ(run_cli(dir, common + "--backend reference --input " + dir +
+                             "/xf.safetensors --output " + dir + "/of.safetensors")
+                .status,
+            0);
   ASSERT_EQ(run_cli(dir, common + "--backend fast --input " + dir + "/xb.safetensors --output " +
-                             dir + "/fast.safetensors").status, 0);
+                             dir + "/fast.safetensors")
+                .status,
+            0);
   const SafetensorsFile ob(dir + "/ob.safetensors"), of(dir + "/of.safetensors"),
       fast(dir + "/fast.safetensors");
   EXPECT_EQ(ob.shape("y"), dims({tokens, spec.hidden}));  // the file's T, not --tokens 2

@@ -139,8 +139,8 @@ TEST(SpecHf, ResavedAndStrippedConfigsGiveThePublishedSpec) {
     const json published = fields(parse_file(entry.path().string()));
     for (const char* variant : {".resaved.json", ".stripped.json"}) {
       const std::string path = kHfDir + "/" + model + variant;
-      ASSERT_TRUE(fs::exists(path)) << "no fixture " << path
-                                    << " (scripts/golden/make_hf_configs.py writes it)";
+      ASSERT_TRUE(fs::exists(path))
+          << "no fixture " << path << " (scripts/golden/make_hf_configs.py writes it)";
       SCOPED_TRACE(path);
       expect_fields(fields(parse_file(path)), published, model + variant);
       ++checked;
@@ -160,7 +160,9 @@ TEST(SpecHf, StrippedConfigsReallyOmitTheKeys) {
   EXPECT_EQ(m3.at("hidden_act"), "silu");  // MiniMaxM3VLTextConfig resets it
 }
 
-json published(const std::string& model) { return load_json(kRoot + "/configs/" + model + ".json"); }
+json published(const std::string& model) {
+  return load_json(kRoot + "/configs/" + model + ".json");
+}
 
 TEST(SpecHf, DeepSeekV3WithoutTopkMethodOrScoringFuncRoutesNoauxTc) {
   json cfg = published("deepseek-v3");

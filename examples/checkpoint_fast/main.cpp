@@ -15,7 +15,8 @@
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s <config.json | model dir | name> <checkpoint dir> [layer] [tokens]\n",
+    std::fprintf(stderr,
+                 "usage: %s <config.json | model dir | name> <checkpoint dir> [layer] [tokens]\n",
                  argv[0]);
     return 2;
   }
@@ -40,9 +41,10 @@ int main(int argc, char** argv) {
       diff = std::fmax(diff, std::fabs(fast.y[i] - ref.y[i]));
       scale = std::fmax(scale, std::fabs(ref.y[i]));
     }
-    std::printf("%s layer %d (%s): %d tokens on the fast CPU backend (%s)\n", spec.name.c_str(),
-                layer, weights->origin().c_str(), tokens,
-                moekit::cpu_fast::isa_name(moekit::cpu_fast::resolve_isa(moekit::cpu_fast::Isa::Auto)));
+    std::printf(
+        "%s layer %d (%s): %d tokens on the fast CPU backend (%s)\n", spec.name.c_str(), layer,
+        weights->origin().c_str(), tokens,
+        moekit::cpu_fast::isa_name(moekit::cpu_fast::resolve_isa(moekit::cpu_fast::Isa::Auto)));
     for (int t = 0; t < tokens; ++t) {
       std::printf("token %d experts:", t);
       for (int s = 0; s < spec.top_k; ++s)

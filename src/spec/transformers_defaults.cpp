@@ -116,8 +116,8 @@ bool reads_mlp_layer_types(const std::string& t) {
 // MoE layers (and DeepSeek-V4's hash-routed prefix) from an mlp_layer_types list. transformers
 // reads entry layer_idx for each of the num_hidden_layers layers, so a longer list is cut.
 void layers_from_mlp_layer_types(MoeSpec& s, const json& types, const std::string& name) {
-  MK_CHECK(types.is_array(), "config '" << name << "': 'mlp_layer_types' must be a list, got "
-                                        << types.dump());
+  MK_CHECK(types.is_array(),
+           "config '" << name << "': 'mlp_layer_types' must be a list, got " << types.dump());
   MK_CHECK(static_cast<int>(types.size()) >= s.num_layers,
            "config '" << name << "': 'mlp_layer_types' has " << types.size()
                       << " entries, expected num_hidden_layers = " << s.num_layers);
@@ -128,9 +128,9 @@ void layers_from_mlp_layer_types(MoeSpec& s, const json& types, const std::strin
     const json& v = types[i];
     const std::string t = v.is_string() ? v.get<std::string>() : "";
     if (v4) {
-      MK_CHECK(t == "moe" || t == "hash_moe",
-               "config '" << name << "': 'mlp_layer_types'[" << i << "] = " << v.dump()
-                          << " (expected \"moe\" or \"hash_moe\")");
+      MK_CHECK(t == "moe" || t == "hash_moe", "config '" << name << "': 'mlp_layer_types'[" << i
+                                                         << "] = " << v.dump()
+                                                         << " (expected \"moe\" or \"hash_moe\")");
       if (t == "hash_moe") {
         MK_CHECK(hash_layers == static_cast<int>(layers.size()),
                  "config '" << name << "': 'mlp_layer_types'[" << i
@@ -140,9 +140,9 @@ void layers_from_mlp_layer_types(MoeSpec& s, const json& types, const std::strin
       }
       layers.push_back(i);
     } else {
-      MK_CHECK(t == "sparse" || t == "dense",
-               "config '" << name << "': 'mlp_layer_types'[" << i << "] = " << v.dump()
-                          << " (expected \"sparse\" or \"dense\")");
+      MK_CHECK(t == "sparse" || t == "dense", "config '" << name << "': 'mlp_layer_types'[" << i
+                                                         << "] = " << v.dump()
+                                                         << " (expected \"sparse\" or \"dense\")");
       if (t == "sparse") layers.push_back(i);
     }
   }
@@ -192,9 +192,9 @@ std::string canonical_model_type(const json& top, const json& text) {
 
 const json& transformers_defaults(const std::string& model_type) {
   const auto it = defaults_by_type().find(model_type);
-  MK_CHECK(it != defaults_by_type().end(), "unsupported model_type '"
-                                               << model_type << "' (supported: "
-                                               << supported_model_types_text() << ")");
+  MK_CHECK(it != defaults_by_type().end(),
+           "unsupported model_type '" << model_type
+                                      << "' (supported: " << supported_model_types_text() << ")");
   return it->second;
 }
 

@@ -6,10 +6,9 @@
 // transformers.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "moekit/spec.h"
 

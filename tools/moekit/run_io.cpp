@@ -17,10 +17,10 @@ std::vector<Bf16> read_run_input(const std::string& path, const MoeSpec& spec, i
   if (!file.contains(name)) {
     std::string listed;
     for (const std::string& n : names) listed += (listed.empty() ? "'" : ", '") + n + "'";
-    MK_CHECK(names.size() == 1, "--input " << path << ": no tensor 'x' and "
-                                           << (names.empty() ? "no tensors"
-                                                             : "several tensors: " + listed)
-                                           << "; name the input x");
+    MK_CHECK(names.size() == 1, "--input "
+                                    << path << ": no tensor 'x' and "
+                                    << (names.empty() ? "no tensors" : "several tensors: " + listed)
+                                    << "; name the input x");
     name = names.front();
   }
   const SafetensorsTensorInfo& info = file.info(name);
@@ -57,8 +57,8 @@ void write_run_output(const std::string& path, const MoeSpec& spec, const Forwar
                       const std::map<std::string, std::string>& metadata) {
   const int T = r.tokens, k = spec.top_k, slots = r.routing.slots;
   MK_CHECK(slots >= k && r.routing.tokens == T,
-           "internal: routing of " << r.routing.tokens << " tokens x " << slots
-                                   << " slots for " << T << " tokens, top-k " << k);
+           "internal: routing of " << r.routing.tokens << " tokens x " << slots << " slots for "
+                                   << T << " tokens, top-k " << k);
   // The routed slots come first in every token's row; fused shared slots follow them.
   std::vector<int32_t> ids(static_cast<size_t>(T) * k);
   std::vector<float> weights(ids.size());
@@ -71,14 +71,13 @@ void write_run_output(const std::string& path, const MoeSpec& spec, const Forwar
   }
   const int64_t columns = spec.router_columns();
   MK_CHECK(router_logits.size() == static_cast<size_t>(T) * columns,
-           "internal: " << router_logits.size() << " router logits for " << T << " x "
-                        << columns);
+           "internal: " << router_logits.size() << " router logits for " << T << " x " << columns);
   std::map<std::string, SafetensorsWriteTensor> tensors;
   tensors["y"] = {DType::F32, {T, spec.hidden}, as_bytes_span(r.y.data(), r.y.size())};
   tensors["topk_ids"] = {DType::F32, {T, k}, as_bytes_span(ids.data(), ids.size())};
   tensors["topk_weights"] = {DType::F32, {T, k}, as_bytes_span(weights.data(), weights.size())};
-  tensors["router_logits"] = {DType::F32, {T, columns},
-                              as_bytes_span(router_logits.data(), router_logits.size())};
+  tensors["router_logits"] = {
+      DType::F32, {T, columns}, as_bytes_span(router_logits.data(), router_logits.size())};
   write_safetensors(path, tensors, metadata, {{"topk_ids", "I32"}});
 }
 
