@@ -98,7 +98,7 @@ const ConfigCase kConfigCases[] = {
      {"missing key 'model_type'"}},
     {"MissingHiddenSize",
      "deepseek-v3",
-     [](json& c) { c.erase("hidden_size"); },
+     [](json& c) { c["hidden_size"] = nullptr; },  // absent would take the class default
      {"missing key 'hidden_size'"}},
     {"ZeroHiddenSize",
      "deepseek-v3",
@@ -118,7 +118,7 @@ const ConfigCase kConfigCases[] = {
      {"key 'hidden_size' must be an integer, got 2048.5"}},
     {"MissingExpertCount",
      "deepseek-v3",
-     [](json& c) { c.erase("n_routed_experts"); },
+     [](json& c) { c["n_routed_experts"] = nullptr; },
      {"missing key 'n_routed_experts' or 'num_experts' or 'num_local_experts'"}},
     {"TopKAboveExperts",
      "deepseek-v3",

@@ -150,10 +150,11 @@ struct BadConfig {
 };
 
 const BadConfig kBadConfigs[] = {
-    {"missing hidden_size", [](nlohmann::json& c) { c.erase("hidden_size"); },
+    // null, not absent: an absent key takes the transformers class default (test_spec_hf.cpp).
+    {"null hidden_size", [](nlohmann::json& c) { c["hidden_size"] = nullptr; },
      "missing key 'hidden_size'"},
-    {"missing expert count",
-     [](nlohmann::json& c) { c.erase("n_routed_experts"); },
+    {"null expert count",
+     [](nlohmann::json& c) { c["n_routed_experts"] = nullptr; },
      "missing key 'n_routed_experts' or 'num_experts' or 'num_local_experts'"},
     {"top_k > experts", [](nlohmann::json& c) { c["num_experts_per_tok"] = 300; },
      "num_experts_per_tok = 300 must be in [1, number of experts = 256]"},

@@ -90,9 +90,13 @@ struct SafetensorsWriteTensor {
 // multiple of 8, tensors packed without holes in order of decreasing element size, then name, so
 // every tensor starts aligned to its element size.
 // Throws naming the file and tensor when a byte span does not match its shape or I/O fails.
+// integer_dtypes names the tensors that hold integers (expert ids, counts), which DType does not
+// name, with their safetensors dtype: "I8", "U8", "I16", "U16", "I32", "U32", "I64" or "U64"; the
+// `dtype` of such a tensor is not used.
 void write_safetensors(const std::string& path,
                        const std::map<std::string, SafetensorsWriteTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::map<std::string, std::string>& integer_dtypes = {});
 
 // Convenience for owners of typed buffers.
 template <typename T>

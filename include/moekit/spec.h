@@ -89,20 +89,35 @@ struct MoeSpec {
   size_t router_bytes() const;
 };
 
+// How a config is read. A supported model_type (supported_model_types(): the families of
+// DESIGN.md §5) is read as transformers 5.x reads it: a key the file omits takes the
+// default of the family's transformers config class, and what the family's transformers modeling
+// code fixes (e.g. DeepSeek-V3's sigmoid + correction-bias routing) applies whatever the file
+// says (docs/configs.md). Any other model_type is an error naming the supported ones, unless
+// allow_generic_moe: then the config is read as a generic top-k MoE, with no defaults beyond
+// moekit's own and no fixed semantics.
+struct SpecOptions {
+  bool allow_generic_moe = false;
+};
+// The model_types read as transformers reads them, sorted.
+std::vector<std::string> supported_model_types();
+
 // Reads a model spec from a short name (a file configs/<name>.json in the config directory) or a
 // path to a config.json (or a directory holding one). Throws moekit::Error naming the missing or
 // inconsistent key and its value.
-MoeSpec load_spec(const std::string& name_or_path);
+MoeSpec load_spec(const std::string& name_or_path, const SpecOptions& options = {});
 
 // Parses config.json text. `name` is what the spec is called in messages.
-MoeSpec parse_spec_json(const std::string& json_text, const std::string& name);
+MoeSpec parse_spec_json(const std::string& json_text, const std::string& name,
+                        const SpecOptions& options = {});
 
 // Checks the invariants every backend relies on; throws naming the field and value. With
 // require_fusable, also that the shared width is a whole multiple of I.
 void validate_spec(const MoeSpec& spec, bool require_fusable = false);
 
-// The directory holding the built-in configs: $MOEKIT_CONFIG_DIR, else the source tree's
-// configs/ (compiled in), else <prefix>/share/moekit/configs.
+// The directory holding the built-in configs: $MOEKIT_CONFIG_DIR, else
+// <directory of the running executable>/../share/moekit/configs when it exists (an installed
+// CLI), else the source tree's configs/ (compiled in), else <install prefix>/share/moekit/configs.
 std::string config_dir();
 // Short names of the configs found in config_dir(), sorted.
 std::vector<std::string> list_model_names();

@@ -412,6 +412,14 @@ class CheckpointLayerWeights final : public LayerWeights {
       // A NaN bias would put its expert into every token's top-k (NaN compares as largest).
       io::check_finite(correction_bias_.data(), 1, E,
                        "checkpoint tensor " + b.where() + " (e_score_correction_bias)");
+    } else if (!s.correction_bias.empty() && t.has(s.correction_bias)) {
+      // Dropping the bias would route every token differently from the model, silently.
+      MK_FAIL("checkpoint " << dir_.path() << " holds '" << t.full(s.correction_bias)
+                            << "', a routing correction bias, but spec " << spec_.name
+                            << " (model_type " << spec_.model_type << ", "
+                            << scoring_name(spec_.scoring)
+                            << " scoring) routes without one: the config does not describe "
+                               "this checkpoint");
     }
     if (spec_.has_router_bias) {
       MK_CHECK(!s.router_bias.empty(), "spec " << spec_.name << " has a router bias, but the "

@@ -146,6 +146,29 @@ void check_no_overlap(const std::string& shown,
   }
 }
 
+// The safetensors dtype and element size of a tensor to write: an integer dtype when
+// `integer_dtypes` names the tensor, else its DType.
+struct WriteDtype {
+  std::string name;
+  size_t size = 0;
+};
+
+WriteDtype write_dtype(const std::string& name, const SafetensorsWriteTensor& t,
+                       const std::map<std::string, std::string>& integer_dtypes,
+                       const std::string& path) {
+  const auto named = integer_dtypes.find(name);
+  if (named == integer_dtypes.end()) return {dtype_name(t.dtype), dtype_size(t.dtype)};
+  static const std::map<std::string, size_t> kIntegers = {{"I8", 1},  {"U8", 1},  {"I16", 2},
+                                                          {"U16", 2}, {"I32", 4}, {"U32", 4},
+                                                          {"I64", 8}, {"U64", 8}};
+  const auto it = kIntegers.find(named->second);
+  MK_CHECK(it != kIntegers.end(), "tensor '" << name << "' for " << path
+                                             << ": unknown integer dtype '" << named->second
+                                             << "' (expected I8, U8, I16, U16, I32, U32, I64 or "
+                                                "U64)");
+  return {it->first, it->second};
+}
+
 }  // namespace
 
 uint64_t SafetensorsTensorInfo::numel() const {
@@ -303,14 +326,20 @@ const void* SafetensorsFile::raw_data(const std::string& name) const {
 
 void write_safetensors(const std::string& path,
                        const std::map<std::string, SafetensorsWriteTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata,
+                       const std::map<std::string, std::string>& integer_dtypes) {
+  for (const auto& kv : integer_dtypes)
+    MK_CHECK(tensors.count(kv.first), "integer dtype given for tensor '"
+                                          << kv.first << "', which is not written to " << path);
   // Order: larger elements first, then name (what the Python writer does), so every tensor is
   // aligned to its element size given the 8-byte padded header.
   std::vector<const std::pair<const std::string, SafetensorsWriteTensor>*> order;
   for (const auto& kv : tensors) order.push_back(&kv);
-  std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) {
-    return dtype_size(a->second.dtype) > dtype_size(b->second.dtype);
-  });
+  auto elem_size = [&](const auto* kv) {
+    return write_dtype(kv->first, kv->second, integer_dtypes, path).size;
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](auto* a, auto* b) { return elem_size(a) > elem_size(b); });
 
   json header = json::object();
   uint64_t offset = 0;
@@ -318,7 +347,8 @@ void write_safetensors(const std::string& path,
     const std::string& name = kv->first;
     const SafetensorsWriteTensor& t = kv->second;
     MK_CHECK(name != "__metadata__", "cannot write a tensor named '__metadata__' to " << path);
-    uint64_t bytes = dtype_size(t.dtype);
+    const WriteDtype dt = write_dtype(name, t, integer_dtypes, path);
+    uint64_t bytes = dt.size;
     for (int64_t d : t.shape) {
       MK_CHECK(d >= 0, "tensor '" << name << "' for " << path << ": negative dimension in shape "
                                   << shape_string(t.shape));
@@ -328,9 +358,9 @@ void write_safetensors(const std::string& path,
     }
     MK_CHECK(bytes == t.bytes.size(), "tensor '" << name << "' for " << path << ": shape "
                                                  << shape_string(t.shape) << " of "
-                                                 << dtype_name(t.dtype) << " needs " << bytes
+                                                 << dt.name << " needs " << bytes
                                                  << " bytes, got " << t.bytes.size());
-    header[name] = {{"dtype", dtype_name(t.dtype)},
+    header[name] = {{"dtype", dt.name},
                     {"shape", t.shape},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;

@@ -18,6 +18,7 @@
 #include "common/regular_file.h"
 #include "moekit/error.h"
 #include "moekit/spec.h"
+#include "spec/transformers_defaults.h"
 
 namespace moekit {
 namespace {
@@ -111,22 +112,6 @@ int positive(const ConfigReader& c, const char* key, long long v) {
   MK_CHECK(v > 0 && v <= (1LL << 30),
            "config '" << c.name() << "': '" << key << "' must be a positive size, got " << v);
   return static_cast<int>(v);
-}
-
-// model_type, or for wrappers without one (MiniMax-M3's text_config) the architecture's family.
-std::string family_of(const json& top, const json& text) {
-  for (const json* obj : {&text, &top}) {
-    if (obj->contains("architectures") && (*obj)["architectures"].is_array()) {
-      for (const json& a : (*obj)["architectures"]) {
-        if (a.is_string() && a.get<std::string>().rfind("MiniMaxM3", 0) == 0) return "minimax_m3";
-      }
-    }
-  }
-  if (text.contains("model_type") && text["model_type"].is_string())
-    return text["model_type"].get<std::string>();
-  if (top.contains("model_type") && top["model_type"].is_string())
-    return top["model_type"].get<std::string>();
-  return "";
 }
 
 bool is_deepseek_like(const std::string& f) {
@@ -258,19 +243,28 @@ size_t MoeSpec::router_bytes() const {
          dtype_size(router_dtype);
 }
 
-MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
+MoeSpec parse_spec_json(const std::string& json_text, const std::string& name,
+                        const SpecOptions& options) {
   const json top = parse_json_bounded(json_text, "config '" + name + "'");
   MK_CHECK(top.is_object(), "config '" << name << "' must be a JSON object, got " << top.type_name());
   // VL wrappers (MiniMax-M3) keep the language model's keys under text_config.
   const bool nested = top.contains("text_config") && top["text_config"].is_object();
-  const json& text = nested ? top["text_config"] : top;
-  const ConfigReader c(text, nested ? name + ":text_config" : name);
+  const json& file_text = nested ? top["text_config"] : top;
 
   MoeSpec s;
   s.name = name;
-  s.model_type = family_of(top, text);
+  s.model_type = spec_internal::canonical_model_type(top, file_text);
   MK_CHECK(!s.model_type.empty(),
            "config '" << name << "': missing key 'model_type' (and no known 'architectures')");
+  const bool supported = spec_internal::is_supported_model_type(s.model_type);
+  MK_CHECK(supported || options.allow_generic_moe,
+           "config '" << name << "': unsupported model_type '" << s.model_type
+                      << "' (supported: " << spec_internal::supported_model_types_text()
+                      << "); SpecOptions::allow_generic_moe reads it as a generic top-k MoE");
+  // Keys the file omits take the transformers class defaults of a supported family.
+  const json text = supported ? spec_internal::with_transformers_defaults(file_text, s.model_type)
+                              : file_text;
+  const ConfigReader c(text, nested ? name + ":text_config" : name);
 
   s.hidden = positive(c, "hidden_size", c.integer("hidden_size"));
   s.num_layers = positive(c, "num_hidden_layers", c.integer("num_hidden_layers"));
@@ -361,6 +355,7 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name) {
 
   s.num_hash_layers = c.int_or("num_hash_layers", 0);
   s.moe_layers = moe_layer_indices(c, s.model_type, s.num_layers);
+  if (supported) spec_internal::apply_transformers_semantics(s, text, c.name());
   validate_spec(s);
   return s;
 }
@@ -426,6 +421,14 @@ void validate_spec(const MoeSpec& s, bool require_fusable) {
 
 std::string config_dir() {
   if (const char* env = std::getenv("MOEKIT_CONFIG_DIR"); env && *env) return env;
+  // An installed program (the CLI in <prefix>/bin) reads the configs installed beside it, wherever
+  // the prefix was installed or moved to, before the source tree it was built from.
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path installed = exe.parent_path().parent_path() / "share" / "moekit" / "configs";
+    if (fs::is_directory(installed, ec)) return installed.string();
+  }
 #ifdef MOEKIT_SOURCE_CONFIG_DIR
   if (fs::is_directory(MOEKIT_SOURCE_CONFIG_DIR)) return MOEKIT_SOURCE_CONFIG_DIR;
 #endif
@@ -445,7 +448,7 @@ std::vector<std::string> list_model_names() {
   return names;
 }
 
-MoeSpec load_spec(const std::string& name_or_path) {
+MoeSpec load_spec(const std::string& name_or_path, const SpecOptions& options) {
   MK_CHECK(!name_or_path.empty(), "empty model name: expected a short name (e.g. deepseek-v3) or "
                                   "a path to a config.json");
   fs::path path(name_or_path);
@@ -466,8 +469,8 @@ MoeSpec load_spec(const std::string& name_or_path) {
                                 << "; known models:" << known.str());
     }
   }
-  MoeSpec spec =
-      parse_spec_json(read_regular_file(path.string(), "config file", kMaxConfigBytes), display);
+  MoeSpec spec = parse_spec_json(
+      read_regular_file(path.string(), "config file", kMaxConfigBytes), display, options);
   spec.source_path = path.string();
   return spec;
 }

@@ -34,7 +34,7 @@
 #include "../expect_error.h"
 #include "common/random_values.h"
 #include "cuda/experts/experts.h"
-#include "cuda/layer/trace.cuh"
+#include "cuda/common/trace.cuh"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"

@@ -1,16 +1,19 @@
-// `moekit run --model M`: one MoE layer forward on random or checkpoint weights; prints an output
-// summary and the experts picked. For models with a shared expert it also runs the other fusion
-// mode and prints the max relative difference between fused and unfused outputs.
+// `moekit run --model M`: one MoE layer forward on random or checkpoint weights, on random x or x
+// from --input; prints an output summary and the experts picked, and with --output writes the
+// outputs to a safetensors file (run_io.cpp). For models with a shared expert it also runs the
+// other fusion mode and prints the max relative difference between fused and unfused outputs.
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
+#include "cli_context.h"
 #include "commands.h"
 #include "forward_backends.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
+#include "run_io.h"
 
 namespace moekit::cli {
 namespace {
@@ -18,6 +21,8 @@ namespace {
 struct RunOptions {
   std::string model;
   std::string weights;
+  std::string input;   // x [T, H] (safetensors); T replaces --tokens
+  std::string output;  // y, topk ids / weights, router logits (safetensors)
   int tokens = 4;
   int layer = -1;
   std::string fuse = "auto";
@@ -43,9 +48,12 @@ Summary summarize(const std::vector<float>& y) {
   return s;
 }
 
-void run(const RunOptions& o) {
+void run(const RunOptions& options) {
+  RunOptions o = options;
   MK_CHECK(o.tokens >= 1, "--tokens must be >= 1, got " << o.tokens);
   const MoeSpec spec = load_spec(o.model);
+  std::vector<Bf16> input_x;
+  if (!o.input.empty()) input_x = read_run_input(o.input, spec, o.tokens);
   const int layer = pick_moe_layer(spec, o.layer);
   const FuseShared fuse = fuse_shared_from_env(parse_fuse_shared(o.fuse));
   const std::string device = resolve_device(o.device);
@@ -64,15 +72,16 @@ void run(const RunOptions& o) {
   need.workspace = spec.can_fuse_shared() ? static_cast<size_t>(o.tokens) * spec.hidden * 4 : 0;
   if (device == "cuda" && o.weights.empty()) need.weights = need.activations = 0;
   check_host_memory(need, spec.name + " (" + std::to_string(o.tokens) + " tokens)");
-  const std::vector<Bf16> x = random_input(spec, o.tokens, o.seed);
+  const std::vector<Bf16> x = o.input.empty() ? random_input(spec, o.tokens, o.seed) : input_x;
   // Random weights on the GPU are generated there (bit-identical to the host generator), so a
   // 22.6 GB DeepSeek-V3 layer never passes through host memory.
   std::unique_ptr<LayerWeights> weights;
   std::unique_ptr<cuda::GpuMoeLayer> gpu_layer;
   std::string origin;
-  if (device == "cuda" && o.weights.empty()) {
+  if (device == "cuda" && o.weights.empty() && o.output.empty()) {
     cuda::GpuLayerOptions opt;
     opt.max_tokens = o.tokens;
+    opt.overrides = env_overrides();
     gpu_layer = cuda::GpuMoeLayer::create_random(spec, layer, o.seed, opt);
     origin = "random seed " + std::to_string(o.seed) + " (generated on the GPU)";
   } else {
@@ -87,6 +96,13 @@ void run(const RunOptions& o) {
   const ForwardResult r = forward(fuse);
   check_finite_output(r.y, spec.hidden, std::string("the forward (shared expert ") +
                                             (r.fused ? "fused)" : "unfused)"));
+  if (!o.output.empty())
+    write_run_output(o.output, spec, r, cpu_reference::router_logits(*weights, x.data(), o.tokens),
+                     {{"model", spec.name},
+                      {"layer", std::to_string(layer)},
+                      {"device", device == "cpu" ? "cpu (" + o.backend + ")" : device},
+                      {"fuse_shared", r.fused ? "on" : "off"},
+                      {"weights", origin}});
   // The other fusion mode, on the same backend, for the fused-vs-unfused agreement check.
   double fused_vs_unfused = -1.0;
   if (spec.can_fuse_shared()) {
@@ -160,6 +176,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--tokens,-t", o->tokens, "Number of tokens")
       ->capture_default_str()
       ->check(decimal_integer(false));
+  cmd->add_option("--input", o->input,
+                  "x [tokens, hidden] from a safetensors file (tensor 'x', BF16 or F32); "
+                  "default random. Its token count replaces --tokens");
+  cmd->add_option("--output", o->output,
+                  "Write y, topk_ids, topk_weights and router_logits to a safetensors file");
   cmd->add_option("--layer", o->layer, "MoE layer index (default: the first MoE layer)")
       ->check(decimal_integer(true));
   cmd->add_option("--fuse-shared", o->fuse, "Shared expert as fused slots: auto|on|off")
