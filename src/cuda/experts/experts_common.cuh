@@ -143,10 +143,10 @@ __device__ __forceinline__ void store_combined_quad(const ExpertsParams& p, int 
 // cover the n units. Each row's sum is combine_tile's: the same slot order, the same
 // operations, so the same bits. why quads: a warp's dependent L2 round trips are what a combine
 // costs, and 16-byte loads bring 4 rows per load: the bulk kernel's epilogue warp took 24 of
-// them per 16-row tile at 128 tokens (9 slots), its consumers stalling behind it (without the
-// combine the layer ran 1.0% faster, bench/results/h200/2026-12-01-s17-experiments, run 1); by
-// quads, 4 units x 4 slots a pass, 12. Needs rows, partial and shared_partial 16-byte and y
-// 8-byte aligned (the layer checks y; its workspace is cudaMalloc'd).
+// them per 16-row tile at 128 tokens (9 slots), its consumers stalling behind it
+// (docs/decisions/experts_bulk_design.md); by quads, 4 units x 4 slots a pass, 12. Needs rows,
+// partial and shared_partial 16-byte and y 8-byte aligned (the layer checks y; its workspace is
+// cudaMalloc'd).
 template <int kUnits, int kSlotBatch, typename UnitAt>
 __device__ __forceinline__ void combine_quads_pass(const ExpertsParams& p, int n, int i0,
                                                    int nthreads, UnitAt unit_at) {

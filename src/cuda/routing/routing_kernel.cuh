@@ -7,8 +7,8 @@
 // holds experts l, l+32, ... as fp32 score and key: kPer = 4, 8 or 16 of them (E <= 128, 256,
 // 512), a template parameter, so E=128 runs a quarter of the E=512 selection loop and its code
 // is a third of the size. The kernel is latency-bound: one token is a chain of dependent warp
-// operations on one warp (a warm second pass measured nearly as slow as the first, so the chain,
-// not the cold code, sets its time: src/cuda/layer/NOTES.md).
+// operations on one warp (a warm second pass runs nearly as slow as the first: the chain, not
+// the cold code, sets its time).
 //
 //   score   softmax over the row (warp max / sum) | sigmoid | sqrt(softplus) | the logit itself
 //   key     score (+ correction bias)                                          selection only
@@ -157,8 +157,7 @@ __device__ __forceinline__ void route_token(const RoutingParams& p, int token, i
       // warp reductions. why no `g < n_group` test around the body: registers past the groups
       // hold -inf keys (experts past E), so computing them is harmless, and without a branch
       // per group the compiler can interleave the groups' independent reduction chains (with
-      // the kept groups chosen by rank below: the group stage 2.0 -> 1.8 us at DeepSeek-V3 T=1,
-      // bench/results/h200/2026-11-30-s4-run4-prewait-sanitize).
+      // the kept groups chosen by rank below: a shorter group stage at DeepSeek-V3 T=1).
       const bool top2 = cfg.group_score_top2_sum;
 #pragma unroll
       for (int g = 0; g < kPer; ++g) {

@@ -1,0 +1,180 @@
+// The bulk expert kernel's shapes (experts_bulk_kernel.cuh): its warp roles, the record a stage
+// carries, the shared-memory layout of a ring (BulkLayout), the rings per n-tiles (BulkShape), the
+// producers' view of a work item and the kernel's modes.
+//
+// Stage layout: 16 weight rows then kNT * 8 activation rows, each at a pitch of kChunkBlocks *
+// 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks
+// (the one-token rings: one activation row, and no pad, BulkShape<1, 2> and <1, 3>; the ring of
+// weights only, BulkShape<1, 4> and <2, 4>: no activation rows, the consumers load theirs from L2).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/experts/experts.h"
+#include "cuda/experts/experts_common.cuh"
+
+namespace moekit::cuda::experts_detail {
+
+constexpr int kBulkConsumerWarps = 8;
+constexpr int kBulkProducerWarps = 2;  // filling alternate ring slots (experts_bulk_kernel.cuh)
+constexpr int kBulkProducerWarp = kBulkConsumerWarps;  // the first producer warp
+constexpr int kBulkEpilogueWarp = kBulkConsumerWarps + kBulkProducerWarps;
+constexpr int kBulkThreads = (kBulkConsumerWarps + kBulkProducerWarps + 1) * 32;
+constexpr int kBulkWeightRows = 16;    // weight rows per item (the mma's M)
+constexpr int kDefaultRedBuffers = 4;  // items the epilogue warp may lag behind (BulkShape)
+constexpr int kClaimSlots = 4;         // gate/up tail claims producer 0 may be ahead of producer 1
+
+// What a stage (and, for the epilogue, a reduction buffer) holds besides its bytes.
+struct BulkItem {
+  int item;  // work item, or -1: no more work
+  int expert;
+  int tile;
+  int count;  // tokens of the task
+  int chunk;  // k chunk of this stage
+  int down;   // 1 for a down item, 0 for gate/up; kHalves: the half in bits 2-3
+  int task;   // task id
+  int more;   // kKeep: ExpertTask::more of the item's task (also: 96 bytes, barriers stay aligned)
+  int pairs[16];  // pair ids of the task's tokens (rows of h / partial)
+};
+constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
+
+template <int kNT, int kStages, int kChunkBlocks, int kActRowsPerStage = kNT * 8, int kRowPad = 64,
+          int kRedBufs = kDefaultRedBuffers>
+struct BulkLayout {
+  static constexpr int kActRows = kActRowsPerStage;
+  static constexpr int kRedBuffers = kRedBufs;
+  // bytes per row in a stage (kRowPad 0: a tile's rows land as one contiguous copy)
+  static constexpr int kPitch = kChunkBlocks * kBlockK * 2 + kRowPad;
+  static constexpr int kStageBytes = (kBulkWeightRows + kActRows) * kPitch;
+  static constexpr int kRedFloats = kBulkConsumerWarps * kNT * 4 * 32;  // one buffer
+  static constexpr int kRedOffset = kStages * kStageBytes;
+  static constexpr int kMetaOffset = kRedOffset + kRedBuffers * kRedFloats * 4;
+  static constexpr int kBarOffset = kMetaOffset + (kStages + kRedBuffers) * sizeof(BulkItem);
+  // then the claim ring's barriers (2 x kClaimSlots) and claimed items (kClaimSlots ints)
+  static constexpr int kClaimOffset = kBarOffset + 2 * (kStages + kRedBuffers) * 8;
+  // then the down tail's mbarrier (kTail: the epilogue warp has seen every CTA's partials),
+  // 8-byte aligned after the claimed items
+  static constexpr int kClaimEnd = kClaimOffset + 2 * kClaimSlots * 8 + kClaimSlots * 4;
+  static constexpr int kTailBarOffset = (kClaimEnd + 7) / 8 * 8;
+  static constexpr int kBytes = kTailBarOffset + 8;
+  static_assert(kPitch % 16 == 0 && kStageBytes % 16 == 0, "bulk copies need 16-byte alignment");
+  static_assert(kBarOffset % 8 == 0, "mbarriers need 8-byte alignment");
+  // why: sm_90's largest dynamic shared memory per block (227 KB), one CTA per SM
+  static_assert(kBytes <= 227 * 1024, "the ring does not fit in shared memory");
+};
+
+// Ring depth, chunk and activation rows per stage, per n-tiles and ring (kRing, kNT 1 only: 0
+// the standard ring; 1 the deep ring, twice the stages of half the chunk; 2 and 3 the down and
+// gate/up kernels' one-token rings; 4 the ring of weights only): ~200 KB of shared memory, 1 CTA
+// per SM.
+template <int kNT, int kRing = 0>
+struct BulkShape;
+template <>
+struct BulkShape<1, 0> {
+  // 2 x 98 KB (16 x 4 KB weights). why 4 KB rows, not 4 stages of 2 KB: the same weight bytes
+  // in flight with half the bulk copies per byte (the copy issue limits the stream:
+  // docs/decisions/experts_bulk_design.md)
+  static constexpr int kStages = 2, kChunkBlocks = 32, kActRows = 8, kRowPad = 64;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+};
+template <>
+struct BulkShape<1, 1> {
+  // 4 x 50 KB (16 x 2 KB weights): for down rows of <= 2 KB, which fill at most half a stage of
+  // BulkShape<1, 0>, twice the stages and so twice the weight bytes in flight
+  // (docs/decisions/experts_down_deep_ring.md)
+  static constexpr int kStages = 4, kChunkBlocks = 16, kActRows = 8, kRowPad = 64;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+};
+template <>
+struct BulkShape<1, 2> {
+  // 8 x 25.5 KB (16 x 1.5 KB weights, ONE activation row, rows unpadded): for down rows of
+  // <= 1.5 KB at one token, where the deep ring's stages carry 24 KB of weights in ~50 KB (8
+  // activation rows of 2 KB reserved for one): 192 KB of weights in flight per SM instead of 96.
+  // Unpadded, a tile's 16 rows of exactly 1.5 KB are one contiguous 24 KB copy instead of 16
+  // (the copies' issue, not the bytes in flight, bounds these short rows; the consumers' loads
+  // then meet bank conflicts, which one token's few mma hide). 12 blocks are not a multiple of
+  // the 8 consumer warps: warps 4-7 take one block, 0-3 two (experts_bulk_consumer.inc's
+  // guard; docs/decisions/experts_one_token_rings.md).
+  static constexpr int kStages = 8, kChunkBlocks = 12, kActRows = 1, kRowPad = 0;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+};
+template <>
+struct BulkShape<1, 3> {
+  // 3 x 68 KB (16 x 4 KB weights, ONE activation row, rows unpadded), at one token
+  // (docs/decisions/experts_one_token_rings.md): the gate/up kernel's, 192 KB of weights in
+  // flight per SM instead of 128 (where a row is one chunk, <= 4 KB, an item's 8 gate rows and 8
+  // up rows are two contiguous blocks, one copy each instead of 16; wider rows go one copy per
+  // row chunk); and the down kernel's for rows of exactly 4 KB (DeepSeek-V3, Kimi-K2), a tile's
+  // 16 rows one 64 KB copy instead of 32 of 2 KB, with 192 KB of weights in flight per SM
+  // instead of 128
+  static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 1, kRowPad = 0;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+};
+template <>
+struct BulkShape<1, 4> {
+  // 3 x 65 KB of weights only (16 x 4 KB, rows padded as the standard ring's), at 2-32 tokens
+  // (docs/decisions/experts_l2_acts_ring.md): the consumer warps load their activation
+  // fragments from global memory (L2) themselves, so the third stage fits: 192 KB of weights in
+  // flight per SM instead of the standard ring's 128
+  static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 0, kRowPad = 64;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+};
+template <>
+struct BulkShape<2, 0> {
+  static constexpr int kStages = 5, kChunkBlocks = 8, kActRows = 16, kRowPad = 64;  // 5 x 34 KB
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+};
+template <>
+struct BulkShape<2, 4> {
+  // ring 4 with tasks of up to 16 tokens (docs/decisions/experts_task16_ring.md): the same
+  // 3 x 65 KB stages of weights only, each consumer warp running both n-tiles on every weight
+  // fragment, so an expert with 9-16 tokens streams its weights once instead of twice. Its
+  // reduction buffers are twice as large (8 KB): 3 of them fit beside the stages, not 4.
+  static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 0, kRowPad = 64;
+  static constexpr int kRedBuffers = 3;
+};
+
+template <int kNT, int kRing = 0>
+struct BulkShapeLayout {
+  using S = BulkShape<kNT, kRing>;
+  using type =
+      BulkLayout<kNT, S::kStages, S::kChunkBlocks, S::kActRows, S::kRowPad, S::kRedBuffers>;
+};
+
+template <int kNT, int kRing = 0>
+constexpr int bulk_smem_bytes() {
+  return BulkShapeLayout<kNT, kRing>::type::kBytes;
+}
+
+// The producer's view of one work item: its task in every lane, lane l < count holds pair l.
+struct ProducerItem {
+  ExpertTask task;
+  int task_id;
+  int item;  // in its GEMM's item list
+  int tile;
+  int pair;
+  bool down;  // a down item
+  int half = 0;  // kHalves: 0 the whole item, 1 / 2 its first / second half (h rows 0-3 / 4-7)
+};
+
+// Weight row i (0..15) of an item's m16 tile: gate rows r0.. then up rows I+r0.. (gate/up), or
+// 16 consecutive W2 rows (down).
+template <bool kGateUp>
+__device__ __forceinline__ const __nv_bfloat16* tile_row(const ExpertsParams& p, int expert,
+                                                         int r0, int i) {
+  const __nv_bfloat16* wexp = p.w + static_cast<long long>(expert) * p.w_expert_stride;
+  int row = r0 + i;
+  if constexpr (kGateUp) row = i < 8 ? r0 + i : p.inter + r0 + (i - 8);
+  return wexp + static_cast<size_t>(row) * p.k;
+}
+
+// What a launch of the bulk kernel does: one of the two GEMMs.
+enum BulkMode : int {
+  kBulkGateUp,  // gate/up + activation
+  kBulkDown,    // down (+ combine)
+};
+
+}  // namespace moekit::cuda::experts_detail
