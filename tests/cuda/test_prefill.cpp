@@ -10,7 +10,8 @@
 // weight times cpu_reference::expert_forward (+ the scaled cpu_reference::shared_forward when
 // unfused), in double; relative error by norm <= 5e-3 (bf16 h and y, as the layer's tests).
 // y and the whole workspace are poisoned (0xFF bytes: NaN, -1) before every run; runs repeat bit
-// for bit, also replayed from a CUDA graph. Without a GPU (or not sm_90a) every test skips.
+// for bit, also replayed from a CUDA graph. The naive GEMM twin runs the same cases apart from
+// CUTLASS. Without a GPU (or not sm_90a) every test skips.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -305,13 +306,14 @@ std::string case_name(const Case& c) {
   return c.model + " T=" + std::to_string(c.tokens) + (c.fused ? " fused " : " unfused ") + how;
 }
 
-void check_case(const Case& c) {
+void check_case(const Case& c, cuda::PrefillGemm gemm = cuda::PrefillGemm::Cutlass) {
   const MoeSpec spec = prefill_spec(c.model);
   ASSERT_TRUE(!c.fused || spec.can_fuse_shared()) << case_name(c);
   const auto w = make_random_weights(spec, 0, 7);
   const Inputs in = make_inputs(spec, *w, c.tokens, c.fused, c.ids);
   const std::vector<double> want = expected_y(spec, *w, in);
   PrefillRun run(spec, *w, in, c.tokens + 5);  // (workspace for more tokens than run)
+  run.p.gemm = gemm;
   const std::vector<uint16_t> first = run.run_eager();
   size_t non_finite = 0;
   const double err = rel_error(first, want, &non_finite);
@@ -319,6 +321,27 @@ void check_case(const Case& c) {
   EXPECT_LE(err, 5e-3) << case_name(c);
   const std::vector<uint16_t> second = run.run_eager();
   EXPECT_TRUE(first == second) << case_name(c) << ": y differs between two runs";
+}
+
+// The path through the naive GEMM twin: the plan, permute, activation and combine checked apart
+// from CUTLASS; then both GEMMs' y against each other (they differ in the fp32 summation order).
+TEST(GpuPrefill, NaiveGemmTwin) {
+  SKIP_WITHOUT_PREFILL_GPU();
+  check_case({"qwen3-30b-a3b", 257, false, Ids::Routed}, cuda::PrefillGemm::Naive);
+  check_case({"gpt-oss-120b", 1000, false, Ids::OneExpertTakesAll}, cuda::PrefillGemm::Naive);
+  check_case({"deepseek-v3", 257, true, Ids::HalfExpertsIdle}, cuda::PrefillGemm::Naive);
+  const MoeSpec spec = prefill_spec("minimax-m3");
+  const auto w = make_random_weights(spec, 0, 7);
+  const Inputs in = make_inputs(spec, *w, 1000, true, Ids::Routed);
+  PrefillRun run(spec, *w, in, 1000);
+  const std::vector<uint16_t> cutlass_y = run.run_eager();
+  run.p.gemm = cuda::PrefillGemm::Naive;
+  const std::vector<uint16_t> naive_y = run.run_eager();
+  std::vector<double> naive(naive_y.size());
+  for (size_t i = 0; i < naive.size(); ++i) naive[i] = bf16_to_float(Bf16{naive_y[i]});
+  size_t non_finite = 0;
+  EXPECT_LE(rel_error(cutlass_y, naive, &non_finite), 2e-3);
+  EXPECT_EQ(non_finite, 0u);
 }
 
 TEST(GpuPrefill, SiluModel) {

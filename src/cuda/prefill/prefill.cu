@@ -62,11 +62,18 @@ void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream) {
   MK_CHECK(p.workspace_bytes >= ws.total_bytes,
            "prefill: workspace of " << p.workspace_bytes << " bytes, expected at least "
                                     << ws.total_bytes << " (prefill_workspace_bytes)");
+  auto gemm = [&](const PrefillGroupArrays& arrays, int n, void* gemm_workspace) {
+    if (p.gemm == PrefillGemm::Naive) {
+      run_prefill_gemm_naive(arrays, p.rows, n, stream);
+    } else {
+      run_prefill_gemm(arrays, p.rows, gemm_workspace, stream);
+    }
+  };
   launch_prefill_plan(p, ws, stream);
   launch_prefill_permute(p, ws, stream);
-  run_prefill_gemm(ws.gate_up, p.rows, ws.gemm_workspace[0], stream);
+  gemm(ws.gate_up, 2 * p.inter, ws.gemm_workspace[0]);
   launch_prefill_activation(p, ws, stream);
-  run_prefill_gemm(ws.down, p.rows, ws.gemm_workspace[1], stream);
+  gemm(ws.down, p.hidden, ws.gemm_workspace[1]);
   launch_prefill_combine(p, ws, stream);
 }
 

@@ -12,6 +12,12 @@
 //   6. combine  y[t] = sum_s w[t,s] * (partial[pos(t,s)] + b2[id]) in slot order
 //               (+ shared_scale[t] * shared_partial[t]), bf16
 //
+// Choices, to measure on the H200: both GEMMs write fp32 (the activation and the combine see the
+// fp32 accumulators, as the decode kernels' epilogues do; bf16 outputs would halve the 2 x 4 bytes
+// per element written and read again between the launches), and the activation is its own
+// launch (a fused epilogue needs the gate and up columns of an h column in one tile: w13's gate
+// rows then up rows put them I columns apart).
+//
 // No host synchronisation: every size the host needs is the token count and the spec's shapes,
 // so a CUDA graph can capture a launch. The result does not depend on the order of the pairs
 // (each pair is its own GEMM row; the combine sums in slot order): bit-for-bit repeatable.
@@ -26,6 +32,10 @@
 #include "moekit/spec.h"
 
 namespace moekit::cuda {
+
+// Which grouped GEMM runs steps 3 and 5: the CUTLASS instance, or its naive twin (one thread per
+// output element; the second reference, for tests).
+enum class PrefillGemm { Cutlass, Naive };
 
 struct PrefillParams {
   int tokens = 0;  // T, 1..max_tokens
@@ -49,6 +59,8 @@ struct PrefillParams {
   const float* shared_scale = nullptr;
   __nv_bfloat16* y = nullptr;  // [T, H]
   int* error_flag = nullptr;   // set to 1 when an id falls outside [0, rows) (its slot dropped)
+
+  PrefillGemm gemm = PrefillGemm::Cutlass;
 
   void* workspace = nullptr;  // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter)
   size_t workspace_bytes = 0;

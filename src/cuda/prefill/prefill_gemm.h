@@ -33,7 +33,10 @@ struct PrefillGroupArrays {
   int64_t* stride_d = nullptr;  // leading dimension of D (its N)
 };
 
-// Tile of the one kernel instance (M x N x K): 128 x 256 x 64, cluster 1 x 1, cooperative.
+// Tile of the one kernel instance (M x N x K): 128 x 256 x 64, cluster 1 x 1, cooperative (two
+// consumer warpgroups of 64 rows each). M is the tokens of one expert: an expert of 129 tokens
+// takes a second, nearly empty m-tile (DeepSeek-V3 at 4096 tokens averages 128 per expert), so a
+// 64-row tile or the operands swapped (tokens on N) are the next instance to measure.
 constexpr int kPrefillTileM = 128;
 constexpr int kPrefillTileN = 256;
 
@@ -46,6 +49,10 @@ size_t prefill_gemm_workspace_bytes(int groups);
 // naming CUTLASS's status when the kernel cannot run (e.g. no sm_90a device).
 void run_prefill_gemm(const PrefillGroupArrays& arrays, int groups, void* workspace,
                       cudaStream_t stream);
+
+// The naive twin (prefill_gemm_naive.cu): the same arrays, N of every group <= max_n.
+void run_prefill_gemm_naive(const PrefillGroupArrays& arrays, int groups, int max_n,
+                            cudaStream_t stream);
 
 // Whether the current device runs the sm_90a kernel (compute capability 9.0); else why not.
 bool prefill_gemm_supported(const char** why);
