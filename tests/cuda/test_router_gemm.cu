@@ -15,7 +15,7 @@
 
 #include "../expect_error.h"
 #include "common/random_values.h"
-#include "cuda/cuda_check.h"
+#include "cuda/common/cuda_check.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
