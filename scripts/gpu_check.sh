@@ -80,8 +80,9 @@ MOEKIT="$BUILD/moekit"
 CUDA_TESTS="$BUILD/tests/moekit_cuda_tests"
 
 if has_stage test; then
+  # (the GPU tests are ctest entries too, labelled gpu: run once below, through their binary)
   timed ctest-cpu "$LOGS/tests.log" ctest --test-dir "$BUILD" --output-on-failure -j 8 \
-    --timeout 900 -E moekit_cuda_tests
+    --timeout 900 -LE gpu
   grep -E "tests passed|tests failed" "$LOGS/tests.log" | tail -1 | tee -a "$summary"
   grep -E "^\s+[0-9]+ - .*\(Failed|Timeout|SEGFAULT" "$LOGS/tests.log" | head -20 | tee -a "$summary"
   if [ -x "$CUDA_TESTS" ]; then
@@ -92,7 +93,10 @@ if has_stage test; then
 fi
 
 if has_stage sanitize && [ -x "$CUDA_TESTS" ]; then
-  # Small shapes only (tests with Small in their name): full shapes under the tools take too long.
+  # Small shapes only (tests with Small in their name: GpuLayerSmall.*, the knob tests of
+  # tests/cuda/test_layer_small*.cpp): full shapes under the tools take too long. The tests' layers
+  # take the plan's knobs from the environment (base_options: plan_overrides_from_env), so the
+  # MOEKIT_SHARED_DENSE below reaches them.
   # cuBLAS under racecheck and initcheck (H200, bench/results/h200/2026-11-30-s7-experiments):
   # racecheck reports hazards inside its nvjet kernels, initcheck uninitialized reads inside its
   # split-K reduction, and initcheck does not see its stores of the router logits (18176
@@ -112,8 +116,8 @@ if has_stage sanitize && [ -x "$CUDA_TESTS" ]; then
     if [ "$tool" = racecheck ] || [ "$tool" = initcheck ]; then
       tuning="$naive_router"
       # and the unfused shared MLP through the expert kernels, not cuBLAS' dense GEMMs (the
-      # default from 8 tokens, experts_shared_dense_tokens; racecheck reported hazards in its
-      # nvjet kernel, session 20)
+      # default from 8 tokens, PlanOverrides::shared_dense_tokens; racecheck reports hazards in
+      # its nvjet kernel)
       shared_dense=0
       # (gtest: negative patterns follow the first '-')
       case "$filter" in *-*) tool_filter="$filter:" ;; *) tool_filter="$filter-" ;; esac

@@ -95,6 +95,8 @@ struct FamilyCase {
   const char* router_name;  // a published name the saved file must hold, layer 3 (or 4)
 };
 
+void PrintTo(const FamilyCase& c, std::ostream* os) { *os << c.model << " (" << c.naming << ")"; }
+
 class CheckpointRoundTrip : public ::testing::TestWithParam<FamilyCase> {};
 
 TEST_P(CheckpointRoundTrip, PerExpertAndStacked) {

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -201,7 +202,16 @@ TEST_P(MalformedConfig, ErrorNamesTheProblem) {
   EXPECT_THAT(error_of(cfg), HasSubstr(GetParam().expected_error)) << GetParam().what;
 }
 
-INSTANTIATE_TEST_SUITE_P(Catalogue, MalformedConfig, ::testing::ValuesIn(kBadConfigs));
+void PrintTo(const BadConfig& c, std::ostream* os) { *os << c.what; }
+
+INSTANTIATE_TEST_SUITE_P(Catalogue, MalformedConfig, ::testing::ValuesIn(kBadConfigs),
+                         [](const auto& info) {
+                           std::string n = info.param.what;
+                           for (char& c : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return n;
+                         });
 
 TEST(Spec, NotJsonAndNotObject) {
   EXPECT_THROW(

@@ -1,0 +1,56 @@
+// Every expert-kernel instance on the GPU, one test per instance (named after it): the
+// configuration plan_instance_search.h finds for it (a small shape, T, fusion, overrides), whose
+// plan launches the instance, runs against the CPU reference and twice bit for bit. The overrides
+// are the configuration's own, not the environment's, so that the instance under test runs.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../plan_instance_search.h"
+#include "knob_test_util.h"
+#include "layer_test_util.h"
+#include "moekit/cuda_layer.h"
+#include "moekit/plan.h"
+#include "plan/expert_kernels.h"
+
+namespace moekit {
+namespace {
+
+using namespace moekit::test;
+
+class GpuLayerInstance : public testing::TestWithParam<int> {};
+
+TEST_P(GpuLayerInstance, MatchesCpuReferenceAndItself) {
+  const int index = GetParam();
+  const plan::ExpertKernel& k = plan::expert_kernels()[index];
+  const auto& found = find_instance_cases()[index];
+  ASSERT_TRUE(found.has_value()) << "no configuration launches " << k.name
+                                 << " (the CPU test PlanInstance.* says the same)";
+  const InstanceCase& c = *found;
+  const MoeSpec spec = small_spec(c.shape.model, c.shape.hidden, c.shape.experts, c.shape.inter);
+  ASSERT_TRUE(plan_runs(spec, c.tokens, c.fuse, c.overrides, k.name)) << c.text();
+  SKIP_WITHOUT_GPU();
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 200 + index);
+  cuda::GpuLayerOptions opt;
+  opt.max_tokens = c.tokens;
+  opt.overrides = c.overrides;
+  const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
+  const std::string what = std::string(k.name) + ": " + c.text();
+  expect_layer_runs_its_plan(*gpu, spec, c.tokens, c.fuse, c.overrides, what);
+  const std::vector<Bf16> x = random_x(c.tokens, spec.hidden, 300 + index);
+  const ForwardResult first = gpu->forward(x.data(), c.tokens, c.fuse);
+  expect_layer_matches_cpu(spec, *w, x.data(), c.tokens, first, c.fuse, what);
+  for (int rep = 1; rep <= 2; ++rep) {
+    EXPECT_EQ(gpu->forward(x.data(), c.tokens, c.fuse).y, first.y) << what << ": forward " << rep + 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryInstance, GpuLayerInstance,
+                         testing::Range(0, plan::kNumExpertKernels),
+                         [](const testing::TestParamInfo<int>& info) {
+                           return std::string(plan::expert_kernels()[info.param].name);
+                         });
+
+}  // namespace
+}  // namespace moekit
