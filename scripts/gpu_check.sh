@@ -17,6 +17,7 @@
 #   ncu_source.txt     with PROFILE_SOURCE=1: stall reasons and the most-stalled instructions
 # The device tool returns at most 8 files from $OUT (its README): all the stages together write
 # more, so pick the stages a run needs, and keep ad-hoc logs under $OUT/logs (tarred at the end).
+# MOEKIT_CMAKE_ARGS: more configure arguments (e.g. -DMOEKIT_CUTLASS_DIR=... where no .venv is).
 # Stages: STAGES="build test sanitize tune router stream layer" (the default; router, stream and
 # layer are the router GEMM, bulk-copy stream and MoE layer benchmarks); also "ab" (AB_VAR=each
 # of AB_VALUES x AB_MODELS x AB_BATCHES; by default the expert-kernel variants; AB_VAR=ENV:
@@ -70,7 +71,8 @@ if has_stage build; then
   # why CMAKE_MAKE_PROGRAM: a build folder configured on another machine (carried to save the
   # build) records that machine's ninja path
   timed configure "$LOGS/build.log" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DMOEKIT_CUDA=ON "-DCMAKE_CUDA_FLAGS=-Xptxas=-v" "-DCMAKE_MAKE_PROGRAM=$(command -v ninja)"
+    -DMOEKIT_CUDA=ON "-DCMAKE_CUDA_FLAGS=-Xptxas=-v" "-DCMAKE_MAKE_PROGRAM=$(command -v ninja)" \
+    ${MOEKIT_CMAKE_ARGS:-}
   timed build "$LOGS/build.log" cmake --build "$BUILD" -j "$(nproc)" \
     || grep -E "error" "$LOGS/build.log" | head -30 | tee -a "$summary"
   note "ptxas: $(grep -c 'Used [0-9]* registers' "$LOGS/build.log") kernels reported," \

@@ -1,6 +1,7 @@
 // Every family of configs/ on the GPU, scaled down (hidden 256, 32 experts, I = 128: the real
-// parser on a shrunk copy of the real config) for T in {1, 2, 7, 32, 128, 1000}, fused and
-// unfused, with each kernel family forced (regs, regs-early, bulk) and the plan's own choice:
+// parser on a shrunk copy of the real config) for T in {1, 2, 7, 32, 128, 257, 1000}, fused and
+// unfused, with each kernel family forced (regs, regs-early, bulk, the grouped prefill path) and
+// the plan's own choice:
 //   - routing: the GPU's own logits routed by cpu_reference::route give exactly the GPU's ids
 //     (selection is fp32 on both sides) and its weights to 1e-5
 //   - layer:   y against cpu_reference::forward on every token whose ids agree (the CPU computes
@@ -44,7 +45,7 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (const auto& m : kModels) {
-    for (int t : {1, 2, 7, 32, 128, 1000}) out.push_back({m, t});
+    for (int t : {1, 2, 7, 32, 128, 257, 1000}) out.push_back({m, t});
   }
   return out;
 }
@@ -52,7 +53,8 @@ std::vector<Case> all_cases() {
 // The stream settings each case runs: each family forced, then the plan's own (nullopt).
 const std::optional<plan::Stream> kStreams[] = {plan::Stream::Registers,
                                                 plan::Stream::RegistersEarlyActs,
-                                                plan::Stream::Bulk, std::nullopt};
+                                                plan::Stream::Bulk, plan::Stream::Grouped,
+                                                std::nullopt};
 
 std::string stream_text(const std::optional<plan::Stream>& s) {
   return s ? plan::stream_name(*s) : "plan's";
