@@ -46,7 +46,8 @@ TEST_F(PlanEnv, NothingSetGivesTheRulesDefaults) {
 TEST_F(PlanEnv, KernelParsesTheStreamNamesAndNamesABadOne) {
   const std::pair<const char*, Stream> values[] = {{"regs", Stream::Registers},
                                                    {"regs-early", Stream::RegistersEarlyActs},
-                                                   {"bulk", Stream::Bulk}};
+                                                   {"bulk", Stream::Bulk},
+                                                   {"grouped", Stream::Grouped}};
   for (const auto& [name, stream] : values) {
     const test::ScopedEnv env("MOEKIT_EXPERTS_KERNEL", name);
     EXPECT_EQ(plan_overrides_from_env().stream, stream) << name;
@@ -55,7 +56,7 @@ TEST_F(PlanEnv, KernelParsesTheStreamNamesAndNamesABadOne) {
     const test::ScopedEnv env("MOEKIT_EXPERTS_KERNEL", bad);
     test::expect_error([] { plan_overrides_from_env(); },
                        {std::string("MOEKIT_EXPERTS_KERNEL='") + bad +
-                        "' (expected bulk, regs or regs-early)"});
+                        "' (expected bulk, regs, regs-early or grouped)"});
   }
   const test::ScopedEnv empty("MOEKIT_EXPERTS_KERNEL", "");
   EXPECT_FALSE(plan_overrides_from_env().stream.has_value()) << "empty: the rule";

@@ -309,7 +309,7 @@ std::string case_name(const Case& c) {
 void check_case(const Case& c, cuda::PrefillGemm gemm = cuda::PrefillGemm::Cutlass) {
   const MoeSpec spec = prefill_spec(c.model);
   ASSERT_TRUE(!c.fused || spec.can_fuse_shared()) << case_name(c);
-  const auto w = make_random_weights(spec, 0, 7);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
   const Inputs in = make_inputs(spec, *w, c.tokens, c.fused, c.ids);
   const std::vector<double> want = expected_y(spec, *w, in);
   PrefillRun run(spec, *w, in, c.tokens + 5);  // (workspace for more tokens than run)
@@ -331,7 +331,7 @@ TEST(GpuPrefill, NaiveGemmTwin) {
   check_case({"gpt-oss-120b", 1000, false, Ids::OneExpertTakesAll}, cuda::PrefillGemm::Naive);
   check_case({"deepseek-v3", 257, true, Ids::HalfExpertsIdle}, cuda::PrefillGemm::Naive);
   const MoeSpec spec = prefill_spec("minimax-m3");
-  const auto w = make_random_weights(spec, 0, 7);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
   const Inputs in = make_inputs(spec, *w, 1000, true, Ids::Routed);
   PrefillRun run(spec, *w, in, 1000);
   const std::vector<uint16_t> cutlass_y = run.run_eager();
@@ -393,7 +393,7 @@ TEST(GpuPrefill, OneExpertTakesAllTokens) {
 TEST(GpuPrefill, GraphReplayMatchesEager) {
   SKIP_WITHOUT_PREFILL_GPU();
   const MoeSpec spec = prefill_spec("deepseek-v3");
-  const auto w = make_random_weights(spec, 0, 7);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
   Inputs in = make_inputs(spec, *w, 1000, true, Ids::Routed);
   PrefillRun run(spec, *w, in, 1000);
   const std::vector<uint16_t> eager = run.run_eager();
@@ -433,7 +433,7 @@ TEST(GpuPrefill, GraphReplayMatchesEager) {
 TEST(GpuPrefill, OutOfRangeIdFlaggedAndDropped) {
   SKIP_WITHOUT_PREFILL_GPU();
   const MoeSpec spec = prefill_spec("qwen3-30b-a3b");
-  const auto w = make_random_weights(spec, 0, 7);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
   Inputs in = make_inputs(spec, *w, 257, false, Ids::Routed);
   const size_t bad = 3 * static_cast<size_t>(in.slots) + 1;  // token 3, slot 1
   in.ids[bad] = in.rows;
@@ -457,7 +457,7 @@ TEST(GpuPrefill, OutOfRangeIdFlaggedAndDropped) {
 TEST(GpuPrefill, ErrorsNameTheField) {
   SKIP_WITHOUT_PREFILL_GPU();
   const MoeSpec spec = prefill_spec("qwen3-30b-a3b");
-  const auto w = make_random_weights(spec, 0, 7);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
   const Inputs in = make_inputs(spec, *w, 257, false, Ids::Routed);
   PrefillRun run(spec, *w, in, 257);
   cuda::PrefillParams p = run.p;

@@ -62,7 +62,8 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
   const int slots = pl.slots;
   const bool shared_unfused = has_shared && !pl.fused;
   auto* ctr = counters.as<DispatchCounters>();
-  const bool down_tail = pl.experts.back().down_tail_percent > 0;  // (the routed down launch)
+  // (the routed down launch, the last; the prefill path has none)
+  const bool down_tail = !pl.experts.empty() && pl.experts.back().down_tail_percent > 0;
 
   // 0. the dense shared MLP: it needs x only, so it goes first and leaves the chain of
   // programmatic launches from the router GEMM to the down kernel as it is
