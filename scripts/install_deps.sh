@@ -31,6 +31,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   have=$("$venv_python" -m pip show nvidia-cutlass 2>/dev/null | sed -n 's/^Version: //p' || true)
   if [ "$have" != "$cutlass_version" ]; then
     echo "installing: nvidia-cutlass==$cutlass_version into .venv"
-    "$venv_python" -m pip install -q --disable-pip-version-check "nvidia-cutlass==$cutlass_version"
+    # (headers only: the wheel's Python generator and its dependencies are not used)
+    "$venv_python" -m pip install -q --disable-pip-version-check --no-deps \
+      "nvidia-cutlass==$cutlass_version"
   fi
 fi
