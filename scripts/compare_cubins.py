@@ -15,6 +15,13 @@ the new set has no kernel the base lacks; 1 otherwise; 2 on a bad input.
 Usage:
   compare_cubins.py --base base.cubin --new a.cubin b.cubin c.cubin \\
       --gone experts_bulk_fused_kernel --base-log base.ptxas --new-log a.ptxas b.ptxas c.ptxas
+
+The cubins come from the project's compile flags (build/compile_commands.json) with -c -o and the
+dependency flags replaced by -cubin -o X.cubin, and -Xptxas -v added for the log, e.g. for the
+expert kernels (one translation unit at a time; the base at an older commit: git worktree add):
+  nvcc -DMOEKIT_WITH_CUDA=1 -Iinclude -Isrc -O3 -DNDEBUG -Xcompiler=-fPIC \\
+      -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -std=c++20 \\
+      -x cu -Xptxas -v -cubin src/cuda/experts/experts_bulk_down.cu -o down.cubin 2> down.ptxas
 """
 
 import argparse
