@@ -27,8 +27,9 @@ int experts_chunk(int tokens);
 Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16);
 
 // Whether the prefill path (grouped GEMMs on the tensor cores) runs the experts: from `setting`
-// tokens when >= 0 (0: never), else the rule (docs/decisions/experts_grouped_path.md).
-bool experts_grouped_path(int tokens, int hidden, int top_k, int experts, int setting);
+// tokens when >= 0 (0: never), else from 128 tokens while experts average at least 8 routed
+// tokens (tokens x top_k >= 8 x experts) (docs/decisions/experts_grouped_path.md).
+bool experts_grouped_path(int tokens, int top_k, int experts, int setting);
 
 // Whether the bulk kernels run tasks of up to 16 tokens through the ring of weights only, so that
 // an expert of 9-16 tokens streams its weights once: from 9 tokens and `from` (setting, else 8)

@@ -54,7 +54,7 @@ struct Shapes {
 
 Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, int tokens) {
   if (o.stream) return *o.stream;
-  if (experts_grouped_path(tokens, sh.H, sh.K, sh.E, o.grouped_from_tokens)) return Stream::Grouped;
+  if (experts_grouped_path(tokens, sh.K, sh.E, o.grouped_from_tokens)) return Stream::Grouped;
   return experts_stream_default(sh.H, tokens,
                                 experts_task16_ring(tokens, sh.K, sh.E, st.task16));
 }
