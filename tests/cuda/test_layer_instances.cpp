@@ -4,6 +4,7 @@
 // are the configuration's own, not the environment's, so that the instance under test runs.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ TEST_P(GpuLayerInstance, MatchesCpuReferenceAndItself) {
   const InstanceCase& c = *found;
   const MoeSpec spec = small_spec(c.shape.model, c.shape.hidden, c.shape.experts, c.shape.inter);
   ASSERT_TRUE(plan_runs(spec, c.tokens, c.fuse, c.overrides, k.name)) << c.text();
+  std::printf("%s: %s\n", k.name, c.text().c_str());
   SKIP_WITHOUT_GPU();
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 200 + index);
   cuda::GpuLayerOptions opt;
