@@ -67,9 +67,10 @@
 namespace moekit::cuda::experts_detail {
 
 // The bulk kernel's body. kMode kBulkGateUp / kBulkDown: which GEMM. gu and dn are the launch's
-// params (experts_bulk_kernel passes p as both), task_done is null and order 0: the signature of
-// the deleted persistent variant (docs/decisions/persistent_variant.md), kept because removing
-// `order` changes the machine code of three gate/up instances (scripts/compare_cubins.py).
+// params (experts_bulk_kernel passes p as both) and task_done is null: the deleted persistent
+// variant's parameters (docs/decisions/persistent_variant.md), kept because one params reference
+// or no task_done (with the lambda that reads it, experts_bulk_producer.inc) changes the machine
+// code of bulk_down_l2_keep_tail (scripts/compare_cubins.py).
 // kNT: n-tiles of 8 tokens per task. kSplitRows: 4 KB row chunks copied in two halves
 // (a template parameter, not a runtime test: any code for it slows the one-copy kernels).
 // kRing: the ring BulkShape<kNT, kRing> (1 deep, 2 / 3 one-token, 4 weights only). kKeep: the
@@ -90,7 +91,7 @@ namespace moekit::cuda::experts_detail {
 template <int kMode, int kNT, bool kSplitRows = false, int kRing = 0, bool kKeep = false,
           bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
-                                                  int* task_done, int order) {
+                                                  int* task_done) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
   static_assert(!kTail || kMode == kBulkDown, "kTail: the down kernel's");
   static_assert(!kHalves || (kMode == kBulkGateUp && !kKeep), "kHalves: the gate/up kernel's");
@@ -199,7 +200,7 @@ template <bool kGateUp, int kNT, bool kSplitRows = false, int kRing = 0, bool kK
           bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
   experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kRing, kKeep, kTail,
-                    kHalves, kSelfRoute>(p, p, nullptr, 0);
+                    kHalves, kSelfRoute>(p, p, nullptr);
 }
 
 }  // namespace moekit::cuda::experts_detail
