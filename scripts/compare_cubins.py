@@ -9,6 +9,10 @@ of the base that is meant to be gone names a substring with --gone; it is report
 With --base-log / --new-log (the output of `nvcc -Xptxas -v` for those cubins) it also prints
 each kernel's registers, spill stores and spill loads on both sides, and flags any change.
 
+With --rename REGEX=REPLACEMENT the new side's names are rewritten first, so that kernels
+whose mangled name changed but not their code still pair up (e.g. a template parameter turned
+from int into an enum: --rename 'LNS_4plan4RingE(\d)E=Li\1E').
+
 Exit status: 0 when every kernel of the base that is not gone is identical in the new set and
 the new set has no kernel the base lacks; 1 otherwise; 2 on a bad input.
 
@@ -149,13 +153,22 @@ def main():
     ap.add_argument("--base-log", nargs="*", default=[], help="ptxas -v output of the base")
     ap.add_argument("--new-log", nargs="*", default=[], help="ptxas -v output of the new side")
     ap.add_argument("--mangled", action="store_true", help="print mangled names only")
+    ap.add_argument("--rename", action="append", default=[], metavar="REGEX=REPLACEMENT",
+                    help="rewrite the new side's mangled names (re.sub) before matching, e.g. "
+                         "for a template parameter whose type changed")
     args = ap.parse_args()
     try:
         base = kernels_of(args.base)
         new = kernels_of(args.new)
         base_stats = ptxas_stats(args.base_log)
         new_stats = ptxas_stats(args.new_log)
-    except (InputError, OSError) as e:
+        for rule in args.rename:
+            if "=" not in rule:
+                raise InputError(f"--rename {rule!r}: expected REGEX=REPLACEMENT")
+            pattern, repl = rule.split("=", 1)
+            new = {re.sub(pattern, repl, k): v for k, v in new.items()}
+            new_stats = {re.sub(pattern, repl, k): v for k, v in new_stats.items()}
+    except (InputError, OSError, re.error) as e:
         print(f"compare_cubins: {e}", file=sys.stderr)
         return 2
     if not base:

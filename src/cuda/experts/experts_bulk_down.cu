@@ -9,7 +9,7 @@ struct Instance<InstanceGroup::BulkDown, I> {
   static constexpr ExpertKernelFn fn() {
     constexpr plan::ExpertKernel k = plan::kExpertKernels[I];
     if constexpr (in_group(k, InstanceGroup::BulkDown)) {
-      return experts_bulk_kernel<false, k.n_tiles, k.split_rows, bulk_ring(k.ring), k.l2_keep,
+      return experts_bulk_kernel<false, k.n_tiles, k.split_rows, k.ring, k.l2_keep,
                                  k.down_tail, k.half_items, k.self_route>;
     } else {
       return nullptr;

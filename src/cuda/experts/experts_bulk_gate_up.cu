@@ -10,7 +10,7 @@ struct Instance<InstanceGroup::BulkGateUp, I> {
   static constexpr ExpertKernelFn fn() {
     constexpr plan::ExpertKernel k = plan::kExpertKernels[I];
     if constexpr (in_group(k, InstanceGroup::BulkGateUp)) {
-      return experts_bulk_kernel<true, k.n_tiles, k.split_rows, bulk_ring(k.ring), k.l2_keep,
+      return experts_bulk_kernel<true, k.n_tiles, k.split_rows, k.ring, k.l2_keep,
                                  k.down_tail, k.half_items, k.self_route>;
     } else {
       return nullptr;
@@ -28,7 +28,7 @@ template <size_t... I>
 constexpr std::array<int, sizeof...(I)> smem_table(std::index_sequence<I...>) {
   return {(plan::kExpertKernels[I].stream == plan::Stream::Bulk
                ? bulk_smem_bytes<plan::kExpertKernels[I].n_tiles,
-                                 bulk_ring(plan::kExpertKernels[I].ring)>()
+                                 plan::kExpertKernels[I].ring>()
                : 0)...};
 }
 }  // namespace

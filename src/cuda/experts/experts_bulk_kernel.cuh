@@ -67,12 +67,13 @@
 namespace moekit::cuda::experts_detail {
 
 // The bulk kernel's body. kMode kBulkGateUp / kBulkDown: which GEMM. gu and dn are the launch's
-// params (experts_bulk_kernel passes p as both), task_done is null and order 0: the signature of
-// the deleted persistent variant (docs/decisions/persistent_variant.md), kept because removing
-// `order` changes the machine code of three gate/up instances (scripts/compare_cubins.py).
+// params (experts_bulk_kernel passes p as both) and task_done is null: the deleted persistent
+// variant's parameters (docs/decisions/persistent_variant.md), kept because one params reference
+// or no task_done (with the lambda that reads it, experts_bulk_producer.inc) changes the machine
+// code of bulk_down_l2_keep_tail (scripts/compare_cubins.py).
 // kNT: n-tiles of 8 tokens per task. kSplitRows: 4 KB row chunks copied in two halves
 // (a template parameter, not a runtime test: any code for it slows the one-copy kernels).
-// kRing: the ring BulkShape<kNT, kRing> (1 deep, 2 / 3 one-token, 4 weights only). kKeep: the
+// kRing: the ring BulkShape<kNT, kRing> (plan::Ring: its stages and chunk). kKeep: the
 // weight rows of a task whose expert has a next task (ExpertTask::more) are copied with normal
 // L2 priority instead of evict-first, so that the next task's item reads them from L2 (a
 // template parameter for the same reason as kSplitRows: docs/decisions/experts_l2_keep.md).
@@ -87,10 +88,11 @@ namespace moekit::cuda::experts_detail {
 // the lists that implies, and CTA 0's epilogue warp writes the routing and the dispatch for the
 // down kernel. Its dynamic tail claims from a counter of its own, which its last CTA to finish
 // claiming zeroes (the dispatch, which zeroes the others, is written while it runs).
-template <int kMode, int kNT, bool kSplitRows = false, int kRing = 0, bool kKeep = false,
+template <int kMode, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
+          bool kKeep = false,
           bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
-                                                  int* task_done, int order) {
+                                                  int* task_done) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
   static_assert(!kTail || kMode == kBulkDown, "kTail: the down kernel's");
   static_assert(!kHalves || (kMode == kBulkGateUp && !kKeep), "kHalves: the gate/up kernel's");
@@ -102,27 +104,31 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   auto is_down = [](int down_flag) { return kHasDown && (!kHasGateUp || down_flag != 0); };
   constexpr int kStages = BulkShape<kNT, kRing>::kStages;
   constexpr int kChunkBlocks = BulkShape<kNT, kRing>::kChunkBlocks;
-  static_assert(kRing != 2 || (kMode == kBulkDown && kNT == 1 && !kSplitRows),
-                "the one-token ring: the chunk-8 down kernel's");
-  static_assert(kRing != 3 || (kNT == 1 && !kKeep && !kSplitRows && !kTail),
-                "ring 3: the chunk-8 gate/up and down kernels' at one token");
+  static_assert(kRing != plan::Ring::OneTokenNarrow ||
+                    (kMode == kBulkDown && kNT == 1 && !kSplitRows),
+                "the narrow one-token ring: the chunk-8 down kernel's");
+  static_assert(kRing != plan::Ring::OneToken || (kNT == 1 && !kKeep && !kSplitRows && !kTail),
+                "the one-token ring: the chunk-8 gate/up and down kernels' at one token");
   using L = typename BulkShapeLayout<kNT, kRing>::type;
   constexpr int kRedBuffers = L::kRedBuffers;  // items the epilogue warp may lag behind
   static_assert(
-      kRing != 4 ||
+      kRing != plan::Ring::WeightsOnly ||
           (!kSplitRows && !kHalves && !kSelfRoute && (kNT == 1 || !kTail)),
-      "ring 4: the gate/up and down kernels' (chunk 8 with the L2 keep and the tail; chunk 16 "
-      "with the L2 keep)");
-  // stages of weights only (ring 4): the consumers load the activations themselves
+      "the ring of weights only: the gate/up and down kernels' (chunk 8 with the L2 keep and "
+      "the tail; chunk 16 with the L2 keep)");
+  // stages of weights only (Ring::WeightsOnly): the consumers load the activations themselves
   constexpr bool kActsFromL2 = L::kActRows == 0;
   // The down epilogue's combine: one pass at a time between its items (bulk_combine_pass), or
   // at once (bulk_combine_tile) in the instances that run at <= 8 tokens only, whose code stays
   // as it was measured: with the passes they are slower at one token, though the code they run
   // there is the same (docs/decisions/experts_bulk_design.md)
-  constexpr bool kCombineInPasses = kHasDown && (kRing == 0 || kRing == 4) && !kSplitRows;
+  constexpr bool kCombineInPasses = kHasDown &&
+                                    (kRing == plan::Ring::Standard ||
+                                     kRing == plan::Ring::WeightsOnly) &&
+                                    !kSplitRows;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
   constexpr int kDownTileRows = 16;   // output rows per down item
-  // (rounded up: a warp's blocks past the chunk are skipped, kRing 2)
+  // (rounded up: a warp's blocks past the chunk are skipped, Ring::OneTokenNarrow)
   constexpr int kBlocksPerWarp = (kChunkBlocks + kBulkConsumerWarps - 1) / kBulkConsumerWarps;
   extern __shared__ __align__(128) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + L::kRedOffset);
@@ -195,11 +201,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
 // kSplitRows, kRing, kKeep, kTail, kHalves and kSelfRoute as experts_bulk_body.
-template <bool kGateUp, int kNT, bool kSplitRows = false, int kRing = 0, bool kKeep = false,
+template <bool kGateUp, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
+          bool kKeep = false,
           bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
   experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kRing, kKeep, kTail,
-                    kHalves, kSelfRoute>(p, p, nullptr, 0);
+                    kHalves, kSelfRoute>(p, p, nullptr);
 }
 
 }  // namespace moekit::cuda::experts_detail

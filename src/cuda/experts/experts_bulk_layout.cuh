@@ -4,8 +4,9 @@
 //
 // Stage layout: 16 weight rows then kNT * 8 activation rows, each at a pitch of kChunkBlocks *
 // 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks
-// (the one-token rings: one activation row, and no pad, BulkShape<1, 2> and <1, 3>; the ring of
-// weights only, BulkShape<1, 4> and <2, 4>: no activation rows, the consumers load theirs from L2).
+// (the one-token rings, Ring::OneTokenNarrow and Ring::OneToken: one activation row, and no pad;
+// the ring of weights only, Ring::WeightsOnly: no activation rows, the consumers load theirs from
+// L2).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +16,7 @@
 
 #include "cuda/experts/experts.h"
 #include "cuda/experts/experts_common.cuh"
+#include "moekit/plan.h"
 
 namespace moekit::cuda::experts_detail {
 
@@ -66,14 +68,12 @@ struct BulkLayout {
   static_assert(kBytes <= 227 * 1024, "the ring does not fit in shared memory");
 };
 
-// Ring depth, chunk and activation rows per stage, per n-tiles and ring (kRing, kNT 1 only: 0
-// the standard ring; 1 the deep ring, twice the stages of half the chunk; 2 and 3 the down and
-// gate/up kernels' one-token rings; 4 the ring of weights only): ~200 KB of shared memory, 1 CTA
-// per SM.
-template <int kNT, int kRing = 0>
+// Ring depth, chunk and activation rows per stage, per n-tiles and ring (moekit/plan.h's Ring;
+// kNT 2: Standard and WeightsOnly only): ~200 KB of shared memory, 1 CTA per SM.
+template <int kNT, plan::Ring kRing = plan::Ring::Standard>
 struct BulkShape;
 template <>
-struct BulkShape<1, 0> {
+struct BulkShape<1, plan::Ring::Standard> {
   // 2 x 98 KB (16 x 4 KB weights). why 4 KB rows, not 4 stages of 2 KB: the same weight bytes
   // in flight with half the bulk copies per byte (the copy issue limits the stream:
   // docs/decisions/experts_bulk_design.md)
@@ -81,15 +81,15 @@ struct BulkShape<1, 0> {
   static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
-struct BulkShape<1, 1> {
+struct BulkShape<1, plan::Ring::Deep> {
   // 4 x 50 KB (16 x 2 KB weights): for down rows of <= 2 KB, which fill at most half a stage of
-  // BulkShape<1, 0>, twice the stages and so twice the weight bytes in flight
+  // the standard ring, twice the stages and so twice the weight bytes in flight
   // (docs/decisions/experts_down_deep_ring.md)
   static constexpr int kStages = 4, kChunkBlocks = 16, kActRows = 8, kRowPad = 64;
   static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
-struct BulkShape<1, 2> {
+struct BulkShape<1, plan::Ring::OneTokenNarrow> {
   // 8 x 25.5 KB (16 x 1.5 KB weights, ONE activation row, rows unpadded): for down rows of
   // <= 1.5 KB at one token, where the deep ring's stages carry 24 KB of weights in ~50 KB (8
   // activation rows of 2 KB reserved for one): 192 KB of weights in flight per SM instead of 96.
@@ -102,7 +102,7 @@ struct BulkShape<1, 2> {
   static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
-struct BulkShape<1, 3> {
+struct BulkShape<1, plan::Ring::OneToken> {
   // 3 x 68 KB (16 x 4 KB weights, ONE activation row, rows unpadded), at one token
   // (docs/decisions/experts_one_token_rings.md): the gate/up kernel's, 192 KB of weights in
   // flight per SM instead of 128 (where a row is one chunk, <= 4 KB, an item's 8 gate rows and 8
@@ -114,7 +114,7 @@ struct BulkShape<1, 3> {
   static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
-struct BulkShape<1, 4> {
+struct BulkShape<1, plan::Ring::WeightsOnly> {
   // 3 x 65 KB of weights only (16 x 4 KB, rows padded as the standard ring's), at 2-32 tokens
   // (docs/decisions/experts_l2_acts_ring.md): the consumer warps load their activation
   // fragments from global memory (L2) themselves, so the third stage fits: 192 KB of weights in
@@ -123,28 +123,29 @@ struct BulkShape<1, 4> {
   static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
-struct BulkShape<2, 0> {
+struct BulkShape<2, plan::Ring::Standard> {
   static constexpr int kStages = 5, kChunkBlocks = 8, kActRows = 16, kRowPad = 64;  // 5 x 34 KB
   static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
-struct BulkShape<2, 4> {
-  // ring 4 with tasks of up to 16 tokens (docs/decisions/experts_task16_ring.md): the same
-  // 3 x 65 KB stages of weights only, each consumer warp running both n-tiles on every weight
-  // fragment, so an expert with 9-16 tokens streams its weights once instead of twice. Its
-  // reduction buffers are twice as large (8 KB): 3 of them fit beside the stages, not 4.
+struct BulkShape<2, plan::Ring::WeightsOnly> {
+  // the ring of weights only with tasks of up to 16 tokens
+  // (docs/decisions/experts_task16_ring.md): the same 3 x 65 KB stages of weights only, each
+  // consumer warp running both n-tiles on every weight fragment, so an expert with 9-16 tokens
+  // streams its weights once instead of twice. Its reduction buffers are twice as large (8 KB):
+  // 3 of them fit beside the stages, not 4.
   static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 0, kRowPad = 64;
   static constexpr int kRedBuffers = 3;
 };
 
-template <int kNT, int kRing = 0>
+template <int kNT, plan::Ring kRing = plan::Ring::Standard>
 struct BulkShapeLayout {
   using S = BulkShape<kNT, kRing>;
   using type =
       BulkLayout<kNT, S::kStages, S::kChunkBlocks, S::kActRows, S::kRowPad, S::kRedBuffers>;
 };
 
-template <int kNT, int kRing = 0>
+template <int kNT, plan::Ring kRing = plan::Ring::Standard>
 constexpr int bulk_smem_bytes() {
   return BulkShapeLayout<kNT, kRing>::type::kBytes;
 }

@@ -14,7 +14,8 @@ namespace moekit::cuda::experts_detail {
 
 using ExpertKernelFn = void (*)(ExpertsParams);
 
-// The ring's number in the bulk kernel's templates (BulkShape<kNT, kRing>).
+// The ring's number in ExpertsParams::ring, which launch_expert_kernel checks against the
+// instance (the kernel templates take the plan::Ring itself).
 constexpr int bulk_ring(plan::Ring r) {
   switch (r) {
     case plan::Ring::Standard: return 0;
