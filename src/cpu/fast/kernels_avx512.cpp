@@ -43,16 +43,16 @@ inline __m512 load_bf16x16_masked(const Bf16* p, __mmask16 m) {
 // Software prefetch into L2, kPrefetchBytes ahead in the weight stream. why: with several tokens
 // per row the core issues more instructions per weight byte, fewer weight loads fit in the
 // out-of-order window, and the hardware prefetchers (which stop at 4 KB pages) leave the stream
-// latency-bound; measured +20-25% at 3 tokens on the Zen 4 dev machine, nothing gained at 1 token,
-// so single-token tiles do not prefetch. Reading <= 4 KB past a slice's end is harmless.
+// latency-bound (it pays at a few tokens and not at one, so single-token tiles do not
+// prefetch). Reading <= 4 KB past a slice's end is harmless.
 constexpr int kPrefetchBytes = 4096;
 inline void prefetch_ahead(const Bf16* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T1);
 }
 
 // Few tokens (<= 2, decode): rows one at a time, in address order: a single sequential stream is
-// what the hardware prefetchers follow best (interleaving 4 rows, 4 KB apart, measured 25-60%
-// slower at 1 token on the Zen 4 dev machine). More tokens: 4-row tiles, which are bound by
+// what the hardware prefetchers follow best (4 interleaved rows, 4 KB apart, stream slower at one
+// token). More tokens: 4-row tiles, which are bound by
 // compute rather than by the stream. Which kernel runs depends on n and the row count, never on
 // the thread count, so results do not depend on it. tile(count, w, x, out) runs a 4-row tile for
 // `count` tokens (a compile-time count), row(count, w, x, out) one row; X: the activations' type.

@@ -3,18 +3,12 @@
 // shape of the stream alone (copy size, stage size, ring depth, the CTAs' order) can be measured
 // against the read kernel in the same run.
 //
-// Why: those kernels stream at ~0.89-0.94 of the read kernel's bandwidth while their consumer
-// warps wait for full stages most of the time (ncu, src/cuda/layer/NOTES.md), and splitting the
-// same bytes into more copies changed their speed by a few per cent either way. Whether the ring
-// itself can reach the read kernel's rate, and with which copies, decides where to look next.
-//
-// What it showed on the H200 (bench/results/h200/2026-11-30-s10-experiments): the same shape
-// streams at different rates in different runs (the expert kernels' 16 x 4 KB down stage: 0.82
-// to 0.96 of the read kernel; a fresh buffer each run), so compare within a run. Robust across
-// runs: the 1.5 KB rows of Qwen3-30B-A3B's down items at 0.75 with the kernels' 2 stages and
-// 0.95-0.98 with 4 (which the deep ring then gained at 1-8 tokens in the layer), and 4 KB rows
-// in two 2 KB copies at or above one copy each. Not every ranking carried over to the layer:
-// 2 KB chunks in 2 stages beat 4 KB chunks here on gate/up rows, and lost 17% in the layer.
+// Why: those kernels stream below the read kernel's bandwidth while their consumer warps wait
+// for full stages most of the time (docs/design/gpu_layer.md), and splitting the same bytes into
+// more copies changes their speed either way. Whether the ring itself can reach the read
+// kernel's rate, and with which copies, decides where to look next. The same shape streams at
+// different rates in different runs (a fresh buffer each), so compare within a run; not every
+// ranking here carries over to the layer (docs/decisions/experts_bulk_design.md).
 //
 // The kernel: one CTA per SM (as the expert kernels), 8 consumer warps and 2 producer warps.
 // Producer p fills the ring slots of units j = p, p + 2, ... of its CTA: it waits for the slot to
@@ -212,7 +206,7 @@ void check_stream_probe_config(const StreamProbeConfig& c) {
 
 std::vector<StreamProbeConfig> stream_probe_configs() {
   std::vector<StreamProbeConfig> v = {
-      // the expert kernels' stages (experts_bulk_kernel.cuh BulkShape<1>: 2 stages)
+      // the expert kernels' stages (experts_bulk_layout.cuh, the standard ring: 2 stages)
       {"down: 16 rows x 4 KB (one copy per row)", 16, 4096, 4096, 2},
       {"down <= 8 tokens: 16 rows x 4 KB in 2 KB copies", 32, 2048, 2048, 2},
       {"gate/up: 16 rows x 4 KB of 14 KB rows", 16, 14336, 4096, 2},
@@ -253,7 +247,7 @@ std::vector<StreamProbeConfig> stream_probe_configs() {
                    16, row, chunk, stages});
     }
   }
-  // a control: the CTAs' ranges walked from unrelated offsets (H200: no change, session 10)
+  // a control: the CTAs' ranges walked from unrelated offsets
   v.push_back({"down: 16 rows x 4 KB, rotated", 16, 4096, 4096, 2, StreamOrder::RotatedRanges});
   return v;
 }

@@ -2,7 +2,7 @@
 //
 // The expert kernels split the shared MLP (one dense "expert" every token routes to) into tasks
 // of <= 8 tokens, and each task streams the whole 88 MB of DeepSeek-V3's shared weights: at 128
-// tokens 16 times, 15 of them from L2 (src/cuda/layer/NOTES.md, Next 7). Here cuBLAS reads them
+// tokens 16 times, 15 of them from L2 (docs/decisions/shared_dense.md). Here cuBLAS reads them
 // once: gate/up [T, 2Is] in fp32, the expert kernels' activation to bf16 h [T, Is] (so h is the
 // bf16 value the kernels would store), down into the fp32 [T, H] the down kernel's combine adds
 // (ExpertsParams::shared_partial). Three launches, no host synchronisation: capturable.

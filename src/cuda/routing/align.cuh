@@ -160,8 +160,8 @@ __device__ __forceinline__ void align_block(const RoutingParams& p, const int* l
 // Qwen3-30B-A3B up to 4), built by warp 0 with warp collectives: lane q holds pair q's expert,
 // __match_any_sync finds the pairs of the same expert, one pass over the lanes counts the pairs
 // and tasks of the smaller expert ids. No shared-memory counting, no block scan, no
-// __syncthreads; the other warps zero the counters meanwhile. Measured against align_block
-// (H200, bench/results/h200/2026-11-30-s7-experiments): 0.3-0.7 us less per layer at T=1.
+// __syncthreads; the other warps zero the counters meanwhile (faster than align_block at one
+// token: docs/design/gpu_layer.md).
 // Preconditions: p.tokens * slots <= 32; ids in local_ids (shared memory, written by this CTA
 // before a __syncthreads). tid, nthreads: this thread among the nthreads (>= 32) that call it;
 // thread 0's warp builds the lists.
