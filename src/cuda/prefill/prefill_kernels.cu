@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/experts/experts_common.cuh"
 #include "cuda/prefill/prefill_kernels.h"
 #include "moekit/error.h"
 
@@ -177,17 +178,8 @@ __global__ void prefill_permute_kernel(const uint4* __restrict__ x, const int* _
   }
 }
 
-// The gated nonlinearity, as the decode path's experts_common.cuh `activate` and DESIGN.md §1.
-__device__ __forceinline__ float prefill_activate(Activation act, float g, float u, float limit,
-                                                  float alpha, float beta) {
-  if (limit > 0.0f) {
-    g = fminf(g, limit);
-    u = fminf(fmaxf(u, -limit), limit);
-  }
-  if (act == Activation::Silu) return g / (1.0f + expf(-g)) * u;
-  const float glu = g / (1.0f + expf(-alpha * g));
-  return (u + beta) * glu;
-}
+// The gated nonlinearity: the decode kernels' own (experts_common.cuh, DESIGN.md §1).
+using experts_detail::activate;
 
 struct ActArgs {
   const float* gu;
@@ -221,11 +213,11 @@ __global__ void prefill_activation_kernel(ActArgs a) {
       u.x += bu.x; u.y += bu.y; u.z += bu.z; u.w += bu.w;
     }
     const __nv_bfloat162 lo = __floats2bfloat162_rn(
-        prefill_activate(a.act, g.x, u.x, a.limit, a.alpha, a.beta),
-        prefill_activate(a.act, g.y, u.y, a.limit, a.alpha, a.beta));
+        activate(a.act, g.x, u.x, a.limit, a.alpha, a.beta),
+        activate(a.act, g.y, u.y, a.limit, a.alpha, a.beta));
     const __nv_bfloat162 hi = __floats2bfloat162_rn(
-        prefill_activate(a.act, g.z, u.z, a.limit, a.alpha, a.beta),
-        prefill_activate(a.act, g.w, u.w, a.limit, a.alpha, a.beta));
+        activate(a.act, g.z, u.z, a.limit, a.alpha, a.beta),
+        activate(a.act, g.w, u.w, a.limit, a.alpha, a.beta));
     __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(a.h + r * a.inter + j);
     out[0] = lo;
     out[1] = hi;
