@@ -27,6 +27,7 @@
 #include "io/checkpoint_names.h"
 #include "io/finite_check.h"
 #include "io/lazy_experts.h"
+#include "io/matrix_source.h"
 #include "io/tensor_convert.h"
 #include "moekit/checkpoint.h"
 #include "moekit/error.h"
@@ -35,7 +36,11 @@
 namespace moekit {
 namespace {
 
+using io::MatrixSrc;
 using io::TensorRef;
+using io::direct_bf16;
+using io::read_bf16;
+using io::read_f32;
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
@@ -47,60 +52,6 @@ std::string quoted_list(const std::vector<std::string>& v) {
   std::string out;
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", '" : "'") + v[i] + "'";
   return out;
-}
-
-// A [rows, cols] matrix inside a tensor: the whole 2-D tensor, or expert e of a stacked one.
-struct MatrixSrc {
-  TensorRef w;
-  size_t offset = 0;  // elements before the matrix
-  size_t rows = 0, cols = 0;
-  DType dtype = DType::BF16;
-  bool fp4 = false;  // packed e2m1, two per byte: offset counts bytes
-  TensorRef scale;   // F8_E4M3: [ceil(rows/128), ceil(cols/128)]; fp4: [rows, cols/32]
-  size_t scale_offset = 0;
-};
-
-// Pointer into the mapping when the matrix is bf16 and 2-byte aligned, else null.
-const Bf16* direct_bf16(const MatrixSrc& m) {
-  if (m.fp4 || m.dtype != DType::BF16) return nullptr;
-  const uint8_t* p = static_cast<const uint8_t*>(m.w.file->data(m.w.name())) + m.offset * 2;
-  if (reinterpret_cast<uintptr_t>(p) % alignof(Bf16) != 0) return nullptr;
-  return reinterpret_cast<const Bf16*>(p);
-}
-
-void read_bf16(const MatrixSrc& m, Bf16* out) {
-  if (m.fp4) {
-    const uint8_t* blocks = static_cast<const uint8_t*>(m.w.file->raw_data(m.w.name())) + m.offset;
-    const void* scale = m.scale.file->raw_data(m.scale.name());
-    const std::string& sd = m.scale.info->dtype_name;
-    const size_t groups = m.cols / io::kMxBlock;
-    std::vector<float> row(m.cols);
-    std::vector<float> scales(groups);
-    const std::string where = m.scale.where();
-    for (size_t r = 0; r < m.rows; ++r) {
-      for (size_t g = 0; g < groups; ++g)
-        scales[g] = io::scale_value(sd, scale, m.scale_offset + r * groups + g, where);
-      io::decode_mxfp4_row(blocks + r * m.cols / 2, scales.data(), groups, row.data());
-      for (size_t c = 0; c < m.cols; ++c) out[r * m.cols + c] = float_to_bf16(row[c]);
-    }
-    return;
-  }
-  const uint8_t* base = static_cast<const uint8_t*>(m.w.file->data(m.w.name()));
-  const size_t count = m.rows * m.cols;
-  if (m.dtype == DType::F8_E4M3) {
-    io::dequant_fp8_block(base + m.offset, m.rows, m.cols, m.scale.info->dtype_name,
-                          m.scale.file->raw_data(m.scale.name()), m.scale_offset, out,
-                          m.scale.where());
-    return;
-  }
-  io::convert_to_bf16(m.dtype, base + m.offset * dtype_size(m.dtype), count, out);
-}
-
-// Rows [0, rows) of a float tensor region, as fp32.
-void read_f32(const TensorRef& t, size_t offset, size_t count, float* out) {
-  const DType d = t.file->dtype(t.name());
-  io::convert_to_f32(
-      d, static_cast<const uint8_t*>(t.file->data(t.name())) + offset * dtype_size(d), count, out);
 }
 
 enum class ExpertForm { PerExpert, Stacked, GptOssDense, GptOssMxfp4 };
