@@ -38,7 +38,7 @@ enum class Stream : uint8_t {
   Grouped,             // the prefill path (src/cuda/prefill/): the pairs permuted by expert,
                        // CUTLASS grouped GEMMs on the tensor cores (TMA, wgmma), a combine
 };
-const char* stream_name(Stream s);           // "bulk", "regs", "regs-early", "grouped"
+const char* stream_name(Stream s);  // "bulk", "regs", "regs-early", "grouped"
 std::optional<Stream> parse_stream(const std::string& s);  // nullopt when not a name
 
 // The bulk kernels' shared-memory ring (each shape its own layout, src/cuda/experts/).
@@ -53,25 +53,26 @@ enum class Ring : uint8_t {
   WeightsOnly,     // 3 stages of 16 x 4 KB weights only; the consumer warps load their
                    // activation fragments from L2 (chunk 16: both n-tiles on every fragment)
 };
-const char* ring_name(Ring r);  // "standard", "deep", "one-token-narrow", "one-token", "weights-only"
+const char* ring_name(
+    Ring r);  // "standard", "deep", "one-token-narrow", "one-token", "weights-only"
 
 // One compiled kernel instance. The fields a family does not use keep their defaults.
 struct ExpertKernel {
   const char* name = "";
   Gemm gemm = Gemm::GateUp;
   Stream stream = Stream::Bulk;
-  int n_tiles = 1;            // 8-token n-tiles per task: 1 (tasks of <= 8 tokens) or 2 (<= 16)
+  int n_tiles = 1;  // 8-token n-tiles per task: 1 (tasks of <= 8 tokens) or 2 (<= 16)
   // bulk
   Ring ring = Ring::Standard;
-  bool split_rows = false;    // down: 4 KB weight rows copied as two 2 KB pieces
-  bool l2_keep = false;       // rows the expert's next task re-reads copied at normal L2 priority
-  bool down_tail = false;     // down: the last tiles' items claimed dynamically, combined last
-  bool half_items = false;    // gate/up: the last tail items claimed as two halves
-  bool self_route = false;    // gate/up: routes its one token itself (no routing kernel)
+  bool split_rows = false;  // down: 4 KB weight rows copied as two 2 KB pieces
+  bool l2_keep = false;     // rows the expert's next task re-reads copied at normal L2 priority
+  bool down_tail = false;   // down: the last tiles' items claimed dynamically, combined last
+  bool half_items = false;  // gate/up: the last tail items claimed as two halves
+  bool self_route = false;  // gate/up: routes its one token itself (no routing kernel)
   // registers
-  int unroll = 0;             // k blocks of 64 in flight per warp
-  int warps = 11;             // threads / 32 (bulk: 8 consumers, 2 producers, 1 epilogue)
-  int ctas_per_sm = 1;        // resident CTAs per SM (checked on the device at layer creation)
+  int unroll = 0;       // k blocks of 64 in flight per warp
+  int warps = 11;       // threads / 32 (bulk: 8 consumers, 2 producers, 1 epilogue)
+  int ctas_per_sm = 1;  // resident CTAs per SM (checked on the device at layer creation)
 };
 
 // Every instance, in one table (src/plan/expert_kernels.cpp); the CUDA sources instantiate
@@ -96,23 +97,23 @@ DeviceInfo device_profile(const std::string& name);
 // Each field forces one rule (-1: the rule decides). Filled by the caller; the library reads no
 // environment. The README's options table lists the matching MOEKIT_* variables.
 struct PlanOverrides {
-  std::optional<Stream> stream;      // MOEKIT_EXPERTS_KERNEL: one kernel family at every batch
-  int grouped_from_tokens = -1;      // MOEKIT_EXPERTS_GROUPED_FROM: the prefill path from N (0: never)
-  int gate_up_tail_percent = -1;     // MOEKIT_EXPERTS_TAIL: the gate/up kernel's dynamic tail
-  int shared_first_tokens = -1;      // MOEKIT_EXPERTS_SHARED_FIRST (0: never)
-  int whole_tile_tokens = -1;        // MOEKIT_EXPERTS_WHOLE_TILES (0: never)
-  int down_split_tokens = -1;        // MOEKIT_EXPERTS_DOWN_SPLIT (0: never)
-  int down_deep_tokens = -1;         // MOEKIT_EXPERTS_DOWN_DEEP (0: never)
-  int one_token_rings = -1;          // MOEKIT_EXPERTS_ONE_TOKEN_RING: 0 or 1
-  int weights_only_tokens = -1;      // MOEKIT_EXPERTS_L2_ACTS: the ring of weights only up to N
-  int l2_keep_from_tokens = -1;      // MOEKIT_EXPERTS_L2_KEEP_FROM: every hidden size from N
-  int down_tail_percent = -1;        // MOEKIT_EXPERTS_DOWN_TAIL: every hidden size and batch
-  int half_items_per_cta = -1;       // MOEKIT_EXPERTS_HALF_ITEMS: every hidden size
-  int self_route_tokens = -1;        // MOEKIT_EXPERTS_SELF_ROUTE: 0 or 1
-  int task16_from = -1;              // MOEKIT_EXPERTS_TASK16: routed tokens per expert (0: never)
-  int shared_dense_tokens = -1;      // MOEKIT_SHARED_DENSE: dense shared MLP from N (0: never)
-  bool pdl = true;                   // MOEKIT_PDL=0: launch without programmatic dependent launch
-  bool print = false;                // MOEKIT_PRINT_CONFIG=1: print each plan once (stderr)
+  std::optional<Stream> stream;   // MOEKIT_EXPERTS_KERNEL: one kernel family at every batch
+  int grouped_from_tokens = -1;   // MOEKIT_EXPERTS_GROUPED_FROM: the prefill path from N (0: never)
+  int gate_up_tail_percent = -1;  // MOEKIT_EXPERTS_TAIL: the gate/up kernel's dynamic tail
+  int shared_first_tokens = -1;   // MOEKIT_EXPERTS_SHARED_FIRST (0: never)
+  int whole_tile_tokens = -1;     // MOEKIT_EXPERTS_WHOLE_TILES (0: never)
+  int down_split_tokens = -1;     // MOEKIT_EXPERTS_DOWN_SPLIT (0: never)
+  int down_deep_tokens = -1;      // MOEKIT_EXPERTS_DOWN_DEEP (0: never)
+  int one_token_rings = -1;       // MOEKIT_EXPERTS_ONE_TOKEN_RING: 0 or 1
+  int weights_only_tokens = -1;   // MOEKIT_EXPERTS_L2_ACTS: the ring of weights only up to N
+  int l2_keep_from_tokens = -1;   // MOEKIT_EXPERTS_L2_KEEP_FROM: every hidden size from N
+  int down_tail_percent = -1;     // MOEKIT_EXPERTS_DOWN_TAIL: every hidden size and batch
+  int half_items_per_cta = -1;    // MOEKIT_EXPERTS_HALF_ITEMS: every hidden size
+  int self_route_tokens = -1;     // MOEKIT_EXPERTS_SELF_ROUTE: 0 or 1
+  int task16_from = -1;           // MOEKIT_EXPERTS_TASK16: routed tokens per expert (0: never)
+  int shared_dense_tokens = -1;   // MOEKIT_SHARED_DENSE: dense shared MLP from N (0: never)
+  bool pdl = true;                // MOEKIT_PDL=0: launch without programmatic dependent launch
+  bool print = false;             // MOEKIT_PRINT_CONFIG=1: print each plan once (stderr)
   friend bool operator==(const PlanOverrides&, const PlanOverrides&) = default;
 };
 // The MOEKIT_* variables above, each checked ("MOEKIT_EXPERTS_TAIL='x' (expected a percentage,
@@ -122,10 +123,10 @@ PlanOverrides plan_overrides_from_env(PlanOverrides base = {});
 // ---- the plan ----
 
 struct ExpertLaunch {
-  const char* role = "";       // "shared gate/up", "shared down", "gate/up", "down"
-  bool shared = false;         // the unfused shared MLP's own GEMMs (one dense "expert")
-  int kernel = -1;             // index into expert_kernels()
-  int grid = 0;                // CTAs
+  const char* role = "";         // "shared gate/up", "shared down", "gate/up", "down"
+  bool shared = false;           // the unfused shared MLP's own GEMMs (one dense "expert")
+  int kernel = -1;               // index into expert_kernels()
+  int grid = 0;                  // CTAs
   int dynamic_tail_percent = 0;  // gate/up (bulk): items taken dynamically at the end
   int half_items_per_cta = 0;    // gate/up (bulk, half_items instance)
   int down_tail_percent = 0;     // down (bulk, down_tail instance): tiles taken dynamically
@@ -137,10 +138,10 @@ struct LayerPlan {
   std::string model;
   int tokens = 0;
   DeviceInfo device;
-  bool fused = false;          // the shared expert as extra slots of the routed experts
+  bool fused = false;  // the shared expert as extra slots of the routed experts
   const char* fuse_reason = "";
-  int slots = 0;               // top_k (+ fused shared slots)
-  int chunk = 8;               // tokens per task of the dispatch
+  int slots = 0;  // top_k (+ fused shared slots)
+  int chunk = 8;  // tokens per task of the dispatch
   Stream stream = Stream::Bulk;
   tuning::RouterGemmChoice router;
   bool routing_kernel = true;  // false: the gate/up kernel routes its one token itself

@@ -37,8 +37,7 @@ void read_bf16(const MatrixSrc& m, Bf16* out) {
   const size_t count = m.rows * m.cols;
   if (m.dtype == DType::F8_E4M3) {
     dequant_fp8_block(base + m.offset, m.rows, m.cols, m.scale.info->dtype_name,
-                          m.scale.file->raw_data(m.scale.name()), m.scale_offset, out,
-                          m.scale.where());
+                      m.scale.file->raw_data(m.scale.name()), m.scale_offset, out, m.scale.where());
     return;
   }
   convert_to_bf16(m.dtype, base + m.offset * dtype_size(m.dtype), count, out);
@@ -46,8 +45,8 @@ void read_bf16(const MatrixSrc& m, Bf16* out) {
 
 void read_f32(const TensorRef& t, size_t offset, size_t count, float* out) {
   const DType d = t.file->dtype(t.name());
-  convert_to_f32(
-      d, static_cast<const uint8_t*>(t.file->data(t.name())) + offset * dtype_size(d), count, out);
+  convert_to_f32(d, static_cast<const uint8_t*>(t.file->data(t.name())) + offset * dtype_size(d),
+                 count, out);
 }
 
 }  // namespace moekit::io

@@ -70,8 +70,8 @@ inline constexpr ExpertKernel kExpertKernels[] = {
     bulk("bulk_down_weights_only", kDn, 1, Ring::WeightsOnly),
     with_l2_keep(bulk("bulk_down_weights_only_l2_keep", kDn, 1, Ring::WeightsOnly)),
     with_down_tail(bulk("bulk_down_weights_only_tail", kDn, 1, Ring::WeightsOnly)),
-    with_down_tail(with_l2_keep(bulk("bulk_down_weights_only_l2_keep_tail", kDn, 1,
-                                     Ring::WeightsOnly))),
+    with_down_tail(
+        with_l2_keep(bulk("bulk_down_weights_only_l2_keep_tail", kDn, 1, Ring::WeightsOnly))),
     // bulk, tasks of <= 16 tokens
     bulk("bulk_gate_up_16", kGU, 2),
     bulk("bulk_down_16", kDn, 2),

@@ -21,8 +21,8 @@ bool experts_grouped_path(int tokens, int top_k, int experts, int setting) {
   // decode kernels, streaming each expert once, win; from 128 tokens: none measured below
   constexpr int kFromTokensPerExpert = 8;
   constexpr int kFromTokens = 128;
-  return tokens >= kFromTokens &&
-         static_cast<long long>(tokens) * top_k >= static_cast<long long>(kFromTokensPerExpert) * experts;
+  return tokens >= kFromTokens && static_cast<long long>(tokens) * top_k >=
+                                      static_cast<long long>(kFromTokensPerExpert) * experts;
 }
 
 bool experts_task16_ring(int tokens, int top_k, int experts, int setting) {
@@ -90,8 +90,8 @@ int experts_down_grid(int resident, int rows, int tokens, int whole_tile_tokens)
   // why: a CTA's contiguous range then holds whole tiles, so no tile waits on the counter's
   // fence and atomic at the CTA's end
   const int tiles = rows / 16;
-  const bool whole = tokens <= whole_tile_tokens && tiles <= resident &&
-                     (resident - tiles) * 16 <= resident;
+  const bool whole =
+      tokens <= whole_tile_tokens && tiles <= resident && (resident - tiles) * 16 <= resident;
   return whole ? tiles : resident;
 }
 

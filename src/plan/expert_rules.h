@@ -8,15 +8,15 @@
 namespace moekit::plan {
 
 // The defaults of the settings that are plain numbers (PlanOverrides: -1 takes these).
-constexpr int kGateUpTailPercent = 35;   // docs/decisions/experts_gate_up_tail.md
-constexpr int kSharedFirstTokens = 32;   // docs/decisions/experts_shared_first.md
-constexpr int kWholeTileTokens = 4;      // docs/decisions/experts_down_whole_tiles.md
-constexpr int kDownSplitTokens = 8;      // docs/decisions/experts_down_split_rows.md
-constexpr int kDownDeepTokens = 8;       // docs/decisions/experts_down_deep_ring.md
-constexpr int kOneTokenRings = 1;        // docs/decisions/experts_one_token_rings.md
-constexpr int kSelfRouteTokens = 1;      // docs/decisions/experts_self_route.md
-constexpr int kSharedDenseTokens = 8;    // docs/decisions/shared_dense.md
-constexpr int kBlockK = 64;              // the expert kernels' k block (elements)
+constexpr int kGateUpTailPercent = 35;  // docs/decisions/experts_gate_up_tail.md
+constexpr int kSharedFirstTokens = 32;  // docs/decisions/experts_shared_first.md
+constexpr int kWholeTileTokens = 4;     // docs/decisions/experts_down_whole_tiles.md
+constexpr int kDownSplitTokens = 8;     // docs/decisions/experts_down_split_rows.md
+constexpr int kDownDeepTokens = 8;      // docs/decisions/experts_down_deep_ring.md
+constexpr int kOneTokenRings = 1;       // docs/decisions/experts_one_token_rings.md
+constexpr int kSelfRouteTokens = 1;     // docs/decisions/experts_self_route.md
+constexpr int kSharedDenseTokens = 8;   // docs/decisions/shared_dense.md
+constexpr int kBlockK = 64;             // the expert kernels' k block (elements)
 
 // Tokens per task below tasks of 16 through the ring of weights only: 8 up to 256 tokens, else 16.
 int experts_chunk(int tokens);
@@ -91,7 +91,7 @@ struct KernelChoice {
   Gemm gemm = Gemm::GateUp;
   int chunk = 8;
   Stream stream = Stream::Bulk;
-  int k = 0;                  // reduction length: hidden (gate/up) or the expert width (down)
+  int k = 0;  // reduction length: hidden (gate/up) or the expert width (down)
   Ring ring = Ring::Standard;
   bool split_rows = false, l2_keep = false, down_tail = false, half_items = false;
   bool self_route = false;

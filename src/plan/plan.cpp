@@ -5,10 +5,11 @@
 //   1. router GEMM   2. routing + dispatch (unless the gate/up kernel routes its one token)
 //   2a/2b. the unfused shared MLP through the expert kernels, one dense "expert" of width Is
 //   3. routed (+ fused shared) gate/up   4. down + weighted combine
+#include "moekit/plan.h"
+
 #include <algorithm>
 
 #include "moekit/error.h"
-#include "moekit/plan.h"
 #include "plan/expert_kernels.h"
 #include "plan/expert_rules.h"
 
@@ -55,8 +56,7 @@ struct Shapes {
 Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, int tokens) {
   if (o.stream) return *o.stream;
   if (experts_grouped_path(tokens, sh.K, sh.E, o.grouped_from_tokens)) return Stream::Grouped;
-  return experts_stream_default(sh.H, tokens,
-                                experts_task16_ring(tokens, sh.K, sh.E, st.task16));
+  return experts_stream_default(sh.H, tokens, experts_task16_ring(tokens, sh.K, sh.E, st.task16));
 }
 
 bool task16_at(const Shapes& sh, const Settings& st, Stream stream, int tokens) {
@@ -80,10 +80,10 @@ bool resolve_fused(const MoeSpec& spec, const Shapes& sh, const Settings& st, St
   }
   switch (fuse) {
     case FuseShared::On:
-      MK_CHECK(sh.can_fuse, "cannot fuse the shared expert of "
-                                << spec.name << ": shared_intermediate (" << spec.shared_intermediate
-                                << ") is not a whole multiple of expert_intermediate (" << sh.I
-                                << ")");
+      MK_CHECK(sh.can_fuse,
+               "cannot fuse the shared expert of "
+                   << spec.name << ": shared_intermediate (" << spec.shared_intermediate
+                   << ") is not a whole multiple of expert_intermediate (" << sh.I << ")");
       *why = "on";
       return true;
     case FuseShared::Off:
@@ -152,17 +152,17 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   // the ring of weights only in place of the half items, the split copies and the deep rings
   const bool weights_only =
       task16 || (bulk && experts_l2_acts_ring(tokens, chunk, sh.I, sh.K, sh.E, st.weights_only));
-  const int half_items = bulk && !l2_keep && !weights_only
-                             ? experts_gate_up_half_items(tokens, sh.H, chunk, st.half_items,
-                                                          st.one_token_rings)
-                             : 0;
+  const int half_items =
+      bulk && !l2_keep && !weights_only
+          ? experts_gate_up_half_items(tokens, sh.H, chunk, st.half_items, st.one_token_rings)
+          : 0;
   const bool self_route = bulk && chunk == 8 && tokens <= st.self_route && !sh.has_shared &&
                           sh.E <= 128 && !l2_keep && half_items == 0;
   const bool shared_unfused = sh.has_shared && !p.fused;
   p.dense_shared = shared_unfused && dense_shared_at(sh, st, tokens);
   p.routing_kernel = !self_route;
-  p.router = tuning::choose_router_gemm(device.arch, spec.router_dtype, sh.H,
-                                        spec.router_columns(), tokens);
+  p.router = tuning::choose_router_gemm(device.arch, spec.router_dtype, sh.H, spec.router_columns(),
+                                        tokens);
 
   // a launch's resident grid: SMs x its instance's CTAs per SM
   auto resident = [&](int kernel) { return device.sms * expert_kernels()[kernel].ctas_per_sm; };
@@ -173,8 +173,12 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
     ExpertLaunch g;
     g.role = "shared gate/up";
     g.shared = true;
-    g.kernel = select_expert_kernel({.gemm = Gemm::GateUp, .chunk = chunk, .stream = p.stream,
-                                     .k = sh.H, .l2_keep = l2_keep, .half_items = halves});
+    g.kernel = select_expert_kernel({.gemm = Gemm::GateUp,
+                                     .chunk = chunk,
+                                     .stream = p.stream,
+                                     .k = sh.H,
+                                     .l2_keep = l2_keep,
+                                     .half_items = halves});
     g.grid = resident(g.kernel);
     g.dynamic_tail_percent = bulk ? st.gate_up_tail : 0;
     g.half_items_per_cta = half_items;
@@ -198,9 +202,14 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
              experts_gate_up_one_token_ring(tokens, sh.H, self_route, st.one_token_rings)) {
     gate_up_ring = Ring::OneToken;
   }
-  g.kernel = select_expert_kernel({.gemm = Gemm::GateUp, .chunk = chunk, .stream = p.stream,
-                                   .k = sh.H, .ring = gate_up_ring, .l2_keep = l2_keep,
-                                   .half_items = halves, .self_route = self_route});
+  g.kernel = select_expert_kernel({.gemm = Gemm::GateUp,
+                                   .chunk = chunk,
+                                   .stream = p.stream,
+                                   .k = sh.H,
+                                   .ring = gate_up_ring,
+                                   .l2_keep = l2_keep,
+                                   .half_items = halves,
+                                   .self_route = self_route});
   g.grid = resident(g.kernel);
   g.dynamic_tail_percent = bulk ? st.gate_up_tail : 0;
   g.half_items_per_cta = half_items;
@@ -220,17 +229,21 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   } else if (experts_down_wide_one_token_ring(tokens, sh.I, st.one_token_rings)) {
     down_ring = Ring::OneToken;
   } else if (experts_down_deep_ring(tokens, sh.I, st.down_deep)) {
-    down_ring = experts_down_one_token_ring(tokens, sh.I, st.one_token_rings)
-                    ? Ring::OneTokenNarrow
-                    : Ring::Deep;
+    down_ring = experts_down_one_token_ring(tokens, sh.I, st.one_token_rings) ? Ring::OneTokenNarrow
+                                                                              : Ring::Deep;
   }
   const bool chunk8_ring = chunk == 8 || down_ring == Ring::WeightsOnly;
   const Ring launched_ring = chunk8_ring ? down_ring : Ring::Standard;
   const bool one_copy = launched_ring == Ring::OneToken || launched_ring == Ring::WeightsOnly;
   const int pieces = one_copy ? 1 : experts_down_copy_pieces(tokens, sh.I, st.down_split);
-  d.kernel = select_expert_kernel({.gemm = Gemm::Down, .chunk = chunk, .stream = p.stream,
-                                   .k = sh.I, .ring = launched_ring, .split_rows = pieces == 2,
-                                   .l2_keep = l2_keep, .down_tail = down_tail > 0 && chunk == 8});
+  d.kernel = select_expert_kernel({.gemm = Gemm::Down,
+                                   .chunk = chunk,
+                                   .stream = p.stream,
+                                   .k = sh.I,
+                                   .ring = launched_ring,
+                                   .split_rows = pieces == 2,
+                                   .l2_keep = l2_keep,
+                                   .down_tail = down_tail > 0 && chunk == 8});
   d.grid = bulk ? experts_down_grid(resident(d.kernel), sh.H, tokens, st.whole_tiles)
                 : resident(d.kernel);
   d.down_tail_percent = down_tail;

@@ -15,10 +15,14 @@ const char* gemm_name(Gemm g) { return g == Gemm::GateUp ? "gate_up" : "down"; }
 
 const char* stream_name(Stream s) {
   switch (s) {
-    case Stream::Bulk: return "bulk";
-    case Stream::Registers: return "regs";
-    case Stream::RegistersEarlyActs: return "regs-early";
-    case Stream::Grouped: return "grouped";
+    case Stream::Bulk:
+      return "bulk";
+    case Stream::Registers:
+      return "regs";
+    case Stream::RegistersEarlyActs:
+      return "regs-early";
+    case Stream::Grouped:
+      return "grouped";
   }
   return "?";
 }
@@ -32,11 +36,16 @@ std::optional<Stream> parse_stream(const std::string& s) {
 
 const char* ring_name(Ring r) {
   switch (r) {
-    case Ring::Standard: return "standard";
-    case Ring::Deep: return "deep";
-    case Ring::OneTokenNarrow: return "one-token-narrow";
-    case Ring::OneToken: return "one-token";
-    case Ring::WeightsOnly: return "weights-only";
+    case Ring::Standard:
+      return "standard";
+    case Ring::Deep:
+      return "deep";
+    case Ring::OneTokenNarrow:
+      return "one-token-narrow";
+    case Ring::OneToken:
+      return "one-token";
+    case Ring::WeightsOnly:
+      return "weights-only";
   }
   return "?";
 }
@@ -112,7 +121,8 @@ PlanOverrides plan_overrides_from_env(PlanOverrides o) {
       env_int("MOEKIT_EXPERTS_WHOLE_TILES", o.whole_tile_tokens, 0, kMaxCount, kTokens);
   o.down_split_tokens =
       env_int("MOEKIT_EXPERTS_DOWN_SPLIT", o.down_split_tokens, 0, kMaxCount, kTokens);
-  o.down_deep_tokens = env_int("MOEKIT_EXPERTS_DOWN_DEEP", o.down_deep_tokens, 0, kMaxCount, kTokens);
+  o.down_deep_tokens =
+      env_int("MOEKIT_EXPERTS_DOWN_DEEP", o.down_deep_tokens, 0, kMaxCount, kTokens);
   o.one_token_rings = env_int("MOEKIT_EXPERTS_ONE_TOKEN_RING", o.one_token_rings, 0, 1, "0 or 1");
   o.weights_only_tokens =
       env_int("MOEKIT_EXPERTS_L2_ACTS", o.weights_only_tokens, 0, kMaxCount, kTokens);
@@ -138,7 +148,8 @@ std::string launch_text(const LayerPlan& p, const ExpertLaunch& l) {
   const ExpertKernel& k = expert_kernels()[l.kernel];
   std::ostringstream os;
   os << k.name << " grid " << l.grid;
-  if (k.gemm == Gemm::GateUp && k.stream == Stream::Bulk) os << " tail " << l.dynamic_tail_percent << '%';
+  if (k.gemm == Gemm::GateUp && k.stream == Stream::Bulk)
+    os << " tail " << l.dynamic_tail_percent << '%';
   if (l.half_items_per_cta > 0 && k.half_items) os << " half-items " << l.half_items_per_cta;
   if (l.early_shared > 0) os << " shared-first " << l.early_shared;
   if (l.down_tail_percent > 0 && k.down_tail) os << " down-tail " << l.down_tail_percent << '%';
@@ -153,13 +164,12 @@ std::string describe(const LayerPlan& p) {
   std::ostringstream os;
   os << p.model << " T=" << p.tokens << ' ' << p.device.name << ": "
      << (p.fused ? "fused" : "unfused") << " (" << p.fuse_reason << "), slots " << p.slots
-     << ", chunk " << p.chunk << ", " << stream_name(p.stream) << (p.pdl ? "" : ", no PDL")
-     << '\n';
+     << ", chunk " << p.chunk << ", " << stream_name(p.stream) << (p.pdl ? "" : ", no PDL") << '\n';
   if (p.dense_shared) os << "  shared   dense cuBLAS GEMMs (gate/up, activation, down)\n";
   os << "  router   " << tuning::describe(p.router.config) << " ("
      << tuning::source_name(p.router.source) << ")\n";
-  os << "  routing  " << (p.routing_kernel ? "routing + dispatch kernel" : "none: gate/up self-routes")
-     << '\n';
+  os << "  routing  "
+     << (p.routing_kernel ? "routing + dispatch kernel" : "none: gate/up self-routes") << '\n';
   if (p.stream == Stream::Grouped) {
     os << "  experts  grouped GEMM path: plan, permute, gate/up grouped GEMM, activation, down "
           "grouped GEMM, combine\n";
@@ -193,8 +203,8 @@ std::string to_json(const LayerPlan& p) {
   nlohmann::ordered_json j;
   j["model"] = p.model;
   j["tokens"] = p.tokens;
-  j["device"] = {{"name", p.device.name}, {"sms", p.device.sms},
-                 {"arch", tuning::arch_name(p.device.arch)}};
+  j["device"] = {
+      {"name", p.device.name}, {"sms", p.device.sms}, {"arch", tuning::arch_name(p.device.arch)}};
   j["fused"] = p.fused;
   j["fuse_reason"] = p.fuse_reason;
   j["slots"] = p.slots;

@@ -26,8 +26,8 @@ struct DeviceBuffer {
       size_t free_b = 0, total_b = 0;
       (void)cudaGetLastError();
       (void)cudaMemGetInfo(&free_b, &total_b);
-      MK_FAIL("cudaMalloc of " << n << " bytes failed (" << cudaGetErrorName(err) << "): "
-                               << free_b << " of " << total_b << " bytes free on the device");
+      MK_FAIL("cudaMalloc of " << n << " bytes failed (" << cudaGetErrorName(err) << "): " << free_b
+                               << " of " << total_b << " bytes free on the device");
     }
   }
   ~DeviceBuffer() {

@@ -4,9 +4,9 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/pdl.cuh"
 #include "cuda/experts/experts.h"
 #include "cuda/experts/experts_instances.cuh"
-#include "cuda/common/pdl.cuh"
 #include "moekit/error.h"
 #include "plan/expert_kernels.h"
 
@@ -22,9 +22,9 @@ struct Instance {
 };
 
 Instance instance(int index) {
-  MK_CHECK(index >= 0 && index < plan::kNumExpertKernels,
-           "expert kernel index " << index << " (expected 0.." << plan::kNumExpertKernels - 1
-                                  << ")");
+  MK_CHECK(
+      index >= 0 && index < plan::kNumExpertKernels,
+      "expert kernel index " << index << " (expected 0.." << plan::kNumExpertKernels - 1 << ")");
   const plan::ExpertKernel& k = plan::kExpertKernels[index];
   Instance in;
   in.threads = k.warps * 32;
@@ -51,13 +51,12 @@ void prepare_expert_kernels() {
           cudaFuncSetAttribute(in.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, in.smem));
     }
     int per_sm = 0;
-    MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, in.fn, in.threads,
-                                                                in.smem));
+    MK_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, in.fn, in.threads, in.smem));
     const plan::ExpertKernel& k = plan::kExpertKernels[i];
-    MK_CHECK(per_sm == k.ctas_per_sm, "expert kernel " << k.name << ": " << per_sm
-                                                       << " CTAs per SM on device " << device
-                                                       << ", the plan's table says "
-                                                       << k.ctas_per_sm);
+    MK_CHECK(per_sm == k.ctas_per_sm, "expert kernel "
+                                          << k.name << ": " << per_sm << " CTAs per SM on device "
+                                          << device << ", the plan's table says " << k.ctas_per_sm);
   }
 }
 
@@ -69,10 +68,9 @@ void launch_expert_kernel(int kernel, const ExpertsParams& p, int grid, bool pdl
     MK_CHECK(p.ring == experts_detail::bulk_ring(k.ring) &&
                  p.weight_copy_pieces == (k.split_rows ? 2 : 1) &&
                  p.l2_keep == (k.l2_keep ? 1 : 0) && p.self_route == (k.self_route ? 1 : 0),
-             "launch_expert_kernel: params (ring " << p.ring << ", copy pieces "
-                                                   << p.weight_copy_pieces << ", l2_keep "
-                                                   << p.l2_keep << ", self_route " << p.self_route
-                                                   << ") disagree with " << plan::describe(k));
+             "launch_expert_kernel: params (ring "
+                 << p.ring << ", copy pieces " << p.weight_copy_pieces << ", l2_keep " << p.l2_keep
+                 << ", self_route " << p.self_route << ") disagree with " << plan::describe(k));
     MK_CHECK(!k.down_tail || p.tile_counters != nullptr,
              "launch_expert_kernel: " << k.name << " needs the combine's counters");
   }

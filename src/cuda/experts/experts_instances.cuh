@@ -18,11 +18,16 @@ using ExpertKernelFn = void (*)(ExpertsParams);
 // instance (the kernel templates take the plan::Ring itself).
 constexpr int bulk_ring(plan::Ring r) {
   switch (r) {
-    case plan::Ring::Standard: return 0;
-    case plan::Ring::Deep: return 1;
-    case plan::Ring::OneTokenNarrow: return 2;
-    case plan::Ring::OneToken: return 3;
-    case plan::Ring::WeightsOnly: return 4;
+    case plan::Ring::Standard:
+      return 0;
+    case plan::Ring::Deep:
+      return 1;
+    case plan::Ring::OneTokenNarrow:
+      return 2;
+    case plan::Ring::OneToken:
+      return 3;
+    case plan::Ring::WeightsOnly:
+      return 4;
   }
   return -1;
 }

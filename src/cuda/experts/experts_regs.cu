@@ -10,8 +10,7 @@ struct Instance<InstanceGroup::Registers, I> {
     constexpr plan::ExpertKernel k = plan::kExpertKernels[I];
     if constexpr (in_group(k, InstanceGroup::Registers)) {
       constexpr bool kLateActs = k.stream == plan::Stream::Registers;
-      return experts_kernel<k.gemm == plan::Gemm::GateUp, k.n_tiles, k.unroll, kLateActs,
-                            k.warps>;
+      return experts_kernel<k.gemm == plan::Gemm::GateUp, k.n_tiles, k.unroll, kLateActs, k.warps>;
     } else {
       return nullptr;
     }

@@ -28,17 +28,17 @@ GpuMoeLayer::Impl::~Impl() {
 void GpuMoeLayer::Impl::validate() const {
   validate_spec(spec);
   MK_CHECK(opt.max_tokens >= 1, "expected max_tokens >= 1, got " << opt.max_tokens);
-  MK_CHECK(E >= 1 && E <= kRoutingMaxExperts, "GPU routing takes 1.." << kRoutingMaxExperts
-                                                 << " experts, got " << E);
+  MK_CHECK(E >= 1 && E <= kRoutingMaxExperts,
+           "GPU routing takes 1.." << kRoutingMaxExperts << " experts, got " << E);
   MK_CHECK(H % 64 == 0, "GPU experts need hidden % 64 == 0, got hidden " << H);
   MK_CHECK(I % 64 == 0, "GPU experts need expert_intermediate % 64 == 0, got " << I);
   MK_CHECK(!has_shared || Is % 64 == 0,
            "GPU shared MLP needs shared_intermediate % 64 == 0, got " << Is);
-  MK_CHECK(spec.top_k + S <= 32, "GPU routing holds top_k + shared slots <= 32, got "
-                                     << spec.top_k << " + " << S);
+  MK_CHECK(spec.top_k + S <= 32,
+           "GPU routing holds top_k + shared slots <= 32, got " << spec.top_k << " + " << S);
   MK_CHECK(spec.n_group <= 32, "GPU routing takes n_group <= 32, got " << spec.n_group);
-  MK_CHECK(E + S <= kAlignMaxRows, "GPU dispatch counts <= " << kAlignMaxRows
-                                       << " weight rows, got " << E + S);
+  MK_CHECK(E + S <= kAlignMaxRows,
+           "GPU dispatch counts <= " << kAlignMaxRows << " weight rows, got " << E + S);
   MK_CHECK(spec.router_dtype == DType::BF16 || spec.router_dtype == DType::F32,
            "expected router dtype BF16 or F32, got " << dtype_name(spec.router_dtype));
 }
@@ -76,8 +76,8 @@ std::unique_ptr<GpuMoeLayer::Impl> make_impl(const MoeSpec& spec, int layer,
   const size_t need = gpu_layer_device_bytes(spec, opt.max_tokens);
   MK_CHECK(need <= free_b, "a GPU layer of " << spec.name << " for max_tokens " << opt.max_tokens
                                              << " needs " << need << " bytes of device memory; "
-                                             << free_b << " of " << total_b << " are free on device "
-                                             << opt.device);
+                                             << free_b << " of " << total_b
+                                             << " are free on device " << opt.device);
   MK_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   impl->allocate_weights();
   impl->allocate_workspace();
@@ -99,10 +99,9 @@ std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create(const LayerWeights& w,
 }
 
 std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create_random(const MoeSpec& spec, int layer,
-                                                        uint64_t seed,
-                                                        const GpuLayerOptions& opt) {
-  MK_CHECK(spec.is_moe_layer(layer), "layer " << layer << " of " << spec.name
-                                              << " is not an MoE layer");
+                                                        uint64_t seed, const GpuLayerOptions& opt) {
+  MK_CHECK(spec.is_moe_layer(layer),
+           "layer " << layer << " of " << spec.name << " is not an MoE layer");
   auto impl = make_impl(spec, layer, opt);
   impl->fill_random(seed);
   if (impl->can_fuse) impl->repack_slots_on_device();
@@ -158,8 +157,8 @@ ForwardResult GpuMoeLayer::forward(const Bf16* x, int tokens, FuseShared fuse) {
   MK_CUDA_CHECK(cudaMemsetAsync(m.y_out.ptr, 0xff, n_x * 2, m.stream));
   MK_CUDA_CHECK(cudaMemsetAsync(m.ids.ptr, 0xff, n_pairs * 4, m.stream));
   MK_CUDA_CHECK(cudaMemsetAsync(m.weights.ptr, 0xff, n_pairs * 4, m.stream));
-  MK_CUDA_CHECK(cudaMemsetAsync(m.shared_scale.ptr, 0xff, static_cast<size_t>(tokens) * 4,
-                                m.stream));
+  MK_CUDA_CHECK(
+      cudaMemsetAsync(m.shared_scale.ptr, 0xff, static_cast<size_t>(tokens) * 4, m.stream));
   MK_CUDA_CHECK(cudaMemsetAsync(m.error_flag.ptr, 0, 4, m.stream));
   m.forward_device(m.x_in.ptr, m.y_out.ptr, tokens, fuse, m.stream);
 
@@ -167,8 +166,8 @@ ForwardResult GpuMoeLayer::forward(const Bf16* x, int tokens, FuseShared fuse) {
   r.routing.ids.resize(n_pairs);
   r.routing.weights.resize(n_pairs);
   int error = 0;
-  MK_CUDA_CHECK(cudaMemcpyAsync(y16.data(), m.y_out.ptr, n_x * 2, cudaMemcpyDeviceToHost,
-                                m.stream));
+  MK_CUDA_CHECK(
+      cudaMemcpyAsync(y16.data(), m.y_out.ptr, n_x * 2, cudaMemcpyDeviceToHost, m.stream));
   MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.ids.data(), m.ids.ptr, n_pairs * 4,
                                 cudaMemcpyDeviceToHost, m.stream));
   MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.weights.data(), m.weights.ptr, n_pairs * 4,
@@ -263,8 +262,9 @@ bool available(std::string* why) {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    if (why) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
-                    cudaGetErrorString(err) + ")";
+    if (why)
+      *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
+             cudaGetErrorString(err) + ")";
     return false;
   }
   if (count == 0) {

@@ -71,8 +71,8 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
     MK_CHECK(shared_dense != nullptr, "the plan runs the dense shared MLP, which is not prepared");
     SharedActivation act{spec.activation, spec.swiglu_limit, spec.swiglu_alpha, spec.swiglu_beta};
     shared_dense->forward(static_cast<const __nv_bfloat16*>(x), shared_w13.as<__nv_bfloat16>(),
-                          shared_w2.as<__nv_bfloat16>(), tokens, act,
-                          shared_h.as<__nv_bfloat16>(), shared_partial.as<float>(), st);
+                          shared_w2.as<__nv_bfloat16>(), tokens, act, shared_h.as<__nv_bfloat16>(),
+                          shared_partial.as<float>(), st);
   }
 
   // 1. router GEMM
@@ -213,8 +213,8 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
 // 3-4 on the prefill path: the routing's ids and weights -> permute, grouped GEMMs, combine.
 void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x, void* y,
                                         cudaStream_t st) {
-  MK_CHECK(prefill_workspace.ptr != nullptr,
-           "the plan takes the prefill path at " << pl.tokens << " tokens, but max_tokens ("
+  MK_CHECK(prefill_workspace.ptr != nullptr, "the plan takes the prefill path at "
+                                                 << pl.tokens << " tokens, but max_tokens ("
                                                  << opt.max_tokens << ") does not");
   const bool shared_unfused = has_shared && !pl.fused;
   PrefillParams p;

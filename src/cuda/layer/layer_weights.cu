@@ -47,15 +47,13 @@ void GpuMoeLayer::Impl::repack_slots_on_device() {
     MK_CUDA_CHECK(cudaMemcpyAsync(dst13, src + static_cast<size_t>(j) * I * H,
                                   static_cast<size_t>(I) * H * 2, cudaMemcpyDeviceToDevice,
                                   stream));
-    MK_CUDA_CHECK(cudaMemcpyAsync(dst13 + static_cast<size_t>(I) * H,
-                                  src + (static_cast<size_t>(Is) + j * I) * H,
-                                  static_cast<size_t>(I) * H * 2, cudaMemcpyDeviceToDevice,
-                                  stream));
+    MK_CUDA_CHECK(cudaMemcpyAsync(
+        dst13 + static_cast<size_t>(I) * H, src + (static_cast<size_t>(Is) + j * I) * H,
+        static_cast<size_t>(I) * H * 2, cudaMemcpyDeviceToDevice, stream));
     MK_CUDA_CHECK(cudaMemcpy2DAsync(
         w2.as<__nv_bfloat16>() + (E + j) * expert2, static_cast<size_t>(I) * 2,
-        shared_w2.as<__nv_bfloat16>() + static_cast<size_t>(j) * I,
-        static_cast<size_t>(Is) * 2, static_cast<size_t>(I) * 2, H, cudaMemcpyDeviceToDevice,
-        stream));
+        shared_w2.as<__nv_bfloat16>() + static_cast<size_t>(j) * I, static_cast<size_t>(Is) * 2,
+        static_cast<size_t>(I) * 2, H, cudaMemcpyDeviceToDevice, stream));
   }
 }
 
@@ -81,8 +79,8 @@ void GpuMoeLayer::Impl::upload(const LayerWeights& w) {
   const size_t expert13 = static_cast<size_t>(2) * I * H, expert2 = static_cast<size_t>(H) * I;
   for (int e = 0; e < rows_fused(); ++e) {
     const ExpertView v = w.expert(e);
-    MK_CHECK(v.w13 != nullptr && v.w2 != nullptr, "expert " << e << " of " << spec.name
-                                                             << " has no weights");
+    MK_CHECK(v.w13 != nullptr && v.w2 != nullptr,
+             "expert " << e << " of " << spec.name << " has no weights");
     to_device(w13.as<__nv_bfloat16>() + e * expert13, v.w13, expert13 * 2);
     to_device(w2.as<__nv_bfloat16>() + e * expert2, v.w2, expert2 * 2);
     if (spec.has_expert_bias && v.b13 != nullptr) {
@@ -107,8 +105,8 @@ void GpuMoeLayer::Impl::fill_random(uint64_t seed) {
   using rv::Tensor;
   const size_t router_elems = static_cast<size_t>(cols) * H;
   if (spec.router_dtype == DType::F32) {
-    fill_random_f32(router_w.as<float>(), router_elems, 1, seed, layer, Tensor::RouterWeight,
-                    -1, rv::weight_scale(H), stream);
+    fill_random_f32(router_w.as<float>(), router_elems, 1, seed, layer, Tensor::RouterWeight, -1,
+                    rv::weight_scale(H), stream);
   } else {
     fill_random_bf16(router_w.as<__nv_bfloat16>(), router_elems, 1, seed, layer,
                      Tensor::RouterWeight, -1, rv::weight_scale(H), stream);
@@ -126,10 +124,9 @@ void GpuMoeLayer::Impl::fill_random(uint64_t seed) {
   fill_random_bf16(w2.as<__nv_bfloat16>(), static_cast<size_t>(H) * I, E, seed, layer,
                    Tensor::ExpertW2, 0, rv::weight_scale(I), stream);
   if (spec.has_expert_bias) {
-    fill_random_f32(b13.as<float>(), static_cast<size_t>(2) * I, E, seed, layer,
-                    Tensor::ExpertB13, 0, rv::kBiasScale, stream);
-    fill_random_f32(b2.as<float>(), H, E, seed, layer, Tensor::ExpertB2, 0, rv::kBiasScale,
-                    stream);
+    fill_random_f32(b13.as<float>(), static_cast<size_t>(2) * I, E, seed, layer, Tensor::ExpertB13,
+                    0, rv::kBiasScale, stream);
+    fill_random_f32(b2.as<float>(), H, E, seed, layer, Tensor::ExpertB2, 0, rv::kBiasScale, stream);
   }
   if (has_shared) {
     fill_random_bf16(shared_w13.as<__nv_bfloat16>(), static_cast<size_t>(2) * Is * H, 1, seed,

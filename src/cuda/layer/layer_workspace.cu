@@ -59,8 +59,8 @@ void GpuMoeLayer::Impl::prepare_kernels() {
   prepare_expert_kernels();
   // The prefill path's workspace, where the plan takes that path at max_tokens (its rule holds
   // from a token count on) or it is forced.
-  const plan::LayerPlan at_max = plan::plan_layer(spec, opt.max_tokens, FuseShared::Auto,
-                                                  opt.overrides, device);
+  const plan::LayerPlan at_max =
+      plan::plan_layer(spec, opt.max_tokens, FuseShared::Auto, opt.overrides, device);
   const bool grouped = at_max.stream == plan::Stream::Grouped;
   if (grouped) {
     const char* why = "";
