@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <sstream>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -28,7 +27,6 @@
 #include "../expect_error.h"
 #include "common/random_values.h"
 #include "cuda/prefill/prefill.h"
-#include "cuda/prefill/prefill_bench.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
@@ -469,47 +467,6 @@ TEST(GpuPrefill, ErrorsNameTheField) {
   p = run.p;
   p.inter = 96;
   test::expect_error([&] { cuda::launch_prefill_experts(p, nullptr); }, {"inter a positive multiple"});
-}
-
-std::vector<std::string> split_list(const char* env, const char* fallback) {
-  std::vector<std::string> out;
-  std::stringstream in(env != nullptr ? env : fallback);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-// The benchmark (not a check; disabled unless asked for with --gtest_also_run_disabled_tests):
-// the bf16 GEMM ceiling, then the prefill path at real shapes for each model (fused where it can
-// fuse) and token count, one JSON line each on stdout. MOEKIT_PREFILL_BENCH_MODELS and
-// MOEKIT_PREFILL_BENCH_TOKENS (comma lists) override the defaults.
-TEST(GpuPrefillBench, DISABLED_RealShapes) {
-  SKIP_WITHOUT_PREFILL_GPU();
-  const double ceiling = cuda::bench_bf16_gemm_tflops(8192, 20);
-  std::cout << nlohmann::json{{"probe", "cublas_bf16_gemm"}, {"n", 8192}, {"tflops", ceiling}}.dump()
-            << std::endl;
-  const auto models = split_list(std::getenv("MOEKIT_PREFILL_BENCH_MODELS"),
-                                 "deepseek-v3,minimax-m3,mixtral-8x7b,qwen3-30b-a3b");
-  const auto token_list = split_list(std::getenv("MOEKIT_PREFILL_BENCH_TOKENS"), "1024,4096");
-  for (const std::string& model : models) {
-    const MoeSpec spec = load_spec(model);
-    for (const std::string& t : token_list) {
-      const cuda::PrefillBenchRecord r =
-          cuda::bench_prefill(spec, std::stoi(t), spec.can_fuse_shared(), 20);
-      std::cout << nlohmann::json{{"model", model},
-                                  {"tokens", r.tokens},
-                                  {"fused", r.fused},
-                                  {"experts_us", r.us},
-                                  {"expert_flops", r.expert_flops},
-                                  {"expert_tflops", r.expert_tflops},
-                                  {"peak_tflops", ceiling},
-                                  {"peak_fraction", r.expert_tflops / ceiling},
-                                  {"workspace_bytes", r.workspace_bytes}}
-                       .dump()
-                << std::endl;
-    }
-  }
 }
 
 }  // namespace

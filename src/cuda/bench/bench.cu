@@ -28,7 +28,7 @@
 #include "cuda/common/device_buffer.h"
 #include "cuda/layer/random_fill.h"
 #include "cuda/common/trace.cuh"
-#include "cuda/prefill/prefill_bench.h"
+#include "cuda/bench/gemm_ceiling.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 
