@@ -108,6 +108,49 @@ TEST(PlanRules, WeightsOnlyRingFromTwoTokensWhileTasksAreShort) {
 }
 
 // docs/decisions/experts_task16_ring.md
+// docs/decisions/experts_grouped_tile.md
+TEST(PlanRules, GroupedPaddedRowsBoundTheRealRowsAndShrinkWithTheTile) {
+  struct Shape {
+    int tokens, top_k, experts, shared;
+  };
+  for (const Shape s : {Shape{4096, 8, 256, 1}, Shape{1024, 8, 128, 0}, Shape{4096, 2, 8, 0},
+                        Shape{16384, 4, 128, 1}, Shape{257, 8, 256, 1}}) {
+    const double real = static_cast<double>(s.tokens) * (s.top_k + s.shared);
+    for (int tile : {64, 128}) {
+      const double rows = experts_grouped_padded_rows(s.tokens, s.top_k, s.experts, s.shared, tile);
+      // every expert pads its last tile by less than a tile; the Poisson sum loses < 1e-6
+      EXPECT_GE(rows, real * (1 - 1e-6)) << s.tokens << " tokens, tile " << tile;
+      EXPECT_LE(rows, real + static_cast<double>(s.experts + s.shared) * tile)
+          << s.tokens << " tokens, tile " << tile;
+    }
+    EXPECT_LE(experts_grouped_padded_rows(s.tokens, s.top_k, s.experts, s.shared, 64),
+              experts_grouped_padded_rows(s.tokens, s.top_k, s.experts, s.shared, 128));
+  }
+  // a shared slot holds every token: 4096 rows are 32 whole tiles of 128 and 64 of 64
+  EXPECT_NEAR(experts_grouped_padded_rows(4096, 8, 256, 1, 128) -
+                  experts_grouped_padded_rows(4096, 8, 256, 0, 128),
+              4096.0, 1e-6);
+  // 128 routed rows per expert on average: about half the experts take a second 128-row tile
+  const double r128 = experts_grouped_padded_rows(4096, 8, 256, 0, 128) / (4096.0 * 8);
+  EXPECT_GT(r128, 1.3);
+  EXPECT_LT(r128, 1.7);
+}
+
+TEST(PlanRules, GroupedTileIsTheSettingWhenGiven) {
+  for (int setting : {64, 128}) {
+    EXPECT_EQ(experts_grouped_tile_m(4096, 8, 256, 1, setting), setting);
+    EXPECT_EQ(experts_grouped_tile_m(16384, 2, 8, 0, setting), setting);
+  }
+  // the measured shapes: 64 rows where an expert's last tile pads much (DeepSeek-V3 and
+  // Qwen3-30B-A3B up to 4096 tokens), 128 once the padding is a few percent (16384 tokens, Mixtral)
+  EXPECT_EQ(experts_grouped_tile_m(512, 8, 256, 1, -1), 64);
+  EXPECT_EQ(experts_grouped_tile_m(4096, 8, 256, 1, -1), 64);
+  EXPECT_EQ(experts_grouped_tile_m(4096, 8, 128, 0, -1), 64);
+  EXPECT_EQ(experts_grouped_tile_m(16384, 8, 256, 1, -1), 128);
+  EXPECT_EQ(experts_grouped_tile_m(16384, 8, 128, 0, -1), 128);
+  EXPECT_EQ(experts_grouped_tile_m(4096, 2, 8, 0, -1), 128);
+}
+
 TEST(PlanRules, TasksOf16TokensFrom8RoutedTokensPerExpertUnlessForced) {
   // the default (-1): from 8 routed tokens per expert on average
   EXPECT_TRUE(experts_task16_ring(64, 8, 64, -1));  // Qwen2-57B-A14B

@@ -99,6 +99,7 @@ DeviceInfo device_profile(const std::string& name);
 struct PlanOverrides {
   std::optional<Stream> stream;   // MOEKIT_EXPERTS_KERNEL: one kernel family at every batch
   int grouped_from_tokens = -1;   // MOEKIT_EXPERTS_GROUPED_FROM: the prefill path from N (0: never)
+  int grouped_tile_m = -1;        // MOEKIT_EXPERTS_GROUPED_TILE: its GEMMs' tile rows, 128 or 64
   int gate_up_tail_percent = -1;  // MOEKIT_EXPERTS_TAIL: the gate/up kernel's dynamic tail
   int shared_first_tokens = -1;   // MOEKIT_EXPERTS_SHARED_FIRST (0: never)
   int whole_tile_tokens = -1;     // MOEKIT_EXPERTS_WHOLE_TILES (0: never)
@@ -147,6 +148,7 @@ struct LayerPlan {
   bool routing_kernel = true;  // false: the gate/up kernel routes its one token itself
   bool dense_shared = false;   // the unfused shared MLP as dense cuBLAS GEMMs (before the router)
   std::vector<ExpertLaunch> experts;  // in launch order (empty on the prefill path)
+  int grouped_tile_m = 0;  // the prefill path's GEMM tile rows (128 or 64); 0 off that path
   bool pdl = true;
 };
 

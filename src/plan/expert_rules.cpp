@@ -1,6 +1,8 @@
 // The plan's rules (expert_rules.h). Thresholds and their reasons: docs/decisions/<rule>.md.
 #include "plan/expert_rules.h"
 
+#include <cmath>
+
 #include "moekit/error.h"
 #include "plan/expert_kernels.h"
 
@@ -23,6 +25,27 @@ bool experts_grouped_path(int tokens, int top_k, int experts, int setting) {
   constexpr int kFromTokens = 128;
   return tokens >= kFromTokens && static_cast<long long>(tokens) * top_k >=
                                       static_cast<long long>(kFromTokensPerExpert) * experts;
+}
+
+double experts_grouped_padded_rows(int tokens, int top_k, int experts, int shared_slots,
+                                   int tile_m) {
+  const double lambda = static_cast<double>(tokens) * top_k / experts;
+  // E[ceil(n / tile_m)] for n ~ Poisson(lambda), summed over n up to where the tail is < 1e-12
+  const int n_max = static_cast<int>(lambda + 12.0 * std::sqrt(lambda) + 4.0 * tile_m + 16.0);
+  double tiles = 0.0;
+  for (int n = 1; n <= n_max; ++n) {
+    const double log_pmf = n * std::log(lambda) - lambda - std::lgamma(n + 1.0);
+    tiles += std::exp(log_pmf) * ((n + tile_m - 1) / tile_m);
+  }
+  const double shared_tiles = static_cast<double>(shared_slots) * ((tokens + tile_m - 1) / tile_m);
+  return (experts * tiles + shared_tiles) * tile_m;
+}
+
+int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, int setting) {
+  if (setting == 128 || setting == 64) return setting;
+  const double rows128 = experts_grouped_padded_rows(tokens, top_k, experts, shared_slots, 128);
+  const double rows64 = experts_grouped_padded_rows(tokens, top_k, experts, shared_slots, 64);
+  return rows64 * kGroupedTile64RowCost < rows128 ? 64 : 128;
 }
 
 bool experts_task16_ring(int tokens, int top_k, int experts, int setting) {

@@ -17,6 +17,7 @@ constexpr int kOneTokenRings = 1;       // docs/decisions/experts_one_token_ring
 constexpr int kSelfRouteTokens = 1;     // docs/decisions/experts_self_route.md
 constexpr int kSharedDenseTokens = 8;   // docs/decisions/shared_dense.md
 constexpr int kBlockK = 64;             // the expert kernels' k block (elements)
+constexpr double kGroupedTile64RowCost = 1.07;  // docs/decisions/experts_grouped_tile.md
 
 // Tokens per task below tasks of 16 through the ring of weights only: 8 up to 256 tokens, else 16.
 int experts_chunk(int tokens);
@@ -30,6 +31,16 @@ Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16);
 // tokens when >= 0 (0: never), else from 128 tokens while experts average at least 8 routed
 // tokens (tokens x top_k >= 8 x experts) (docs/decisions/experts_grouped_path.md).
 bool experts_grouped_path(int tokens, int top_k, int experts, int setting);
+
+// The prefill path's tile rows, 128 or 64: `setting` when 128 or 64, else the one with the
+// smaller expected padded work. The routed experts' rows are taken as Poisson of mean
+// tokens x top_k / experts (each expert's last m-tile pads to the tile), the fused shared slots
+// hold every token; a 64-row tile's row costs kGroupedTile64RowCost of a 128-row tile's
+// (docs/decisions/experts_grouped_tile.md).
+int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, int setting);
+// The expected rows a grouped GEMM computes with tiles of `tile_m` rows (the model above).
+double experts_grouped_padded_rows(int tokens, int top_k, int experts, int shared_slots,
+                                   int tile_m);
 
 // Whether the bulk kernels run tasks of up to 16 tokens through the ring of weights only, so that
 // an expert of 9-16 tokens streams its weights once: from 9 tokens and `from` (setting, else 8)

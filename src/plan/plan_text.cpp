@@ -114,6 +114,9 @@ PlanOverrides plan_overrides_from_env(PlanOverrides o) {
   }
   o.grouped_from_tokens =
       env_int("MOEKIT_EXPERTS_GROUPED_FROM", o.grouped_from_tokens, 0, kMaxCount, kTokens);
+  o.grouped_tile_m = env_int("MOEKIT_EXPERTS_GROUPED_TILE", o.grouped_tile_m, 64, 128, "64 or 128");
+  MK_CHECK(o.grouped_tile_m == -1 || o.grouped_tile_m == 64 || o.grouped_tile_m == 128,
+           "MOEKIT_EXPERTS_GROUPED_TILE=" << o.grouped_tile_m << " (expected 64 or 128)");
   o.gate_up_tail_percent = env_int("MOEKIT_EXPERTS_TAIL", o.gate_up_tail_percent, 0, 100, kPercent);
   o.shared_first_tokens =
       env_int("MOEKIT_EXPERTS_SHARED_FIRST", o.shared_first_tokens, 0, kMaxCount, kTokens);
@@ -171,8 +174,8 @@ std::string describe(const LayerPlan& p) {
   os << "  routing  "
      << (p.routing_kernel ? "routing + dispatch kernel" : "none: gate/up self-routes") << '\n';
   if (p.stream == Stream::Grouped) {
-    os << "  experts  grouped GEMM path: plan, permute, gate/up grouped GEMM, activation, down "
-          "grouped GEMM, combine\n";
+    os << "  experts  grouped GEMM path (tile " << p.grouped_tile_m << "x256): plan, permute, "
+       << "gate/up grouped GEMM, activation, down grouped GEMM, combine\n";
   }
   for (const ExpertLaunch& l : p.experts) {
     std::string role = l.role;
@@ -215,6 +218,7 @@ std::string to_json(const LayerPlan& p) {
                  {"source", tuning::source_name(p.router.source)}};
   j["routing_kernel"] = p.routing_kernel;
   j["dense_shared"] = p.dense_shared;
+  if (p.stream == Stream::Grouped) j["grouped_tile_m"] = p.grouped_tile_m;
   nlohmann::ordered_json experts = nlohmann::ordered_json::array();
   for (const ExpertLaunch& l : p.experts) {
     experts.push_back({{"role", l.role},

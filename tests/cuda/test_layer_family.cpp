@@ -115,7 +115,10 @@ TEST_P(GpuLayerFamily, MatchesCpuReferenceFusedAndUnfused) {
       }
       const Diff d = compare_rows(results[1].y, results[0].y, spec.hidden,
                                   std::vector<bool>(c.tokens, true));
-      EXPECT_LE(d.rel_norm, 5e-3) << spec.name << ": fused vs unfused, stream=" << stream_text(s);
+      // each is within 5e-3 of the reference above; the prefill path rounds its GEMM outputs to
+      // bf16, the fused slots and the dense shared MLP at different points: within twice that
+      const double tol = s == plan::Stream::Grouped ? 1e-2 : 5e-3;
+      EXPECT_LE(d.rel_norm, tol) << spec.name << ": fused vs unfused, stream=" << stream_text(s);
     }
   }
 }

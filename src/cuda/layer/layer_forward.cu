@@ -239,6 +239,7 @@ void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x
   p.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
   p.y = static_cast<__nv_bfloat16*>(y);
   p.error_flag = error_flag.as<int>();
+  p.tile_m = pl.grouped_tile_m;
   p.workspace = prefill_workspace.ptr;
   p.workspace_bytes = prefill_workspace.bytes;
   launch_prefill_experts(p, st);

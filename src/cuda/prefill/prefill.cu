@@ -26,6 +26,8 @@ void check_params(const PrefillParams& p) {
   MK_CHECK(p.rows >= 1 && p.rows <= kPrefillMaxRows,
            "prefill: expected 1 <= rows <= " << kPrefillMaxRows << ", got " << p.rows);
   MK_CHECK(p.slots >= 1, "prefill: expected slots >= 1, got " << p.slots);
+  MK_CHECK(prefill_tile_m_supported(p.tile_m),
+           "prefill: expected tile_m 128 or 64, got " << p.tile_m);
   MK_CHECK(p.x != nullptr && p.ids != nullptr && p.weights != nullptr && p.w13 != nullptr &&
                p.w2 != nullptr && p.y != nullptr && p.workspace != nullptr,
            "prefill: x, ids, weights, w13, w2, y and workspace must be set");
@@ -66,7 +68,7 @@ void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream) {
     if (p.gemm == PrefillGemm::Naive) {
       run_prefill_gemm_naive(arrays, p.rows, n, stream);
     } else {
-      run_prefill_gemm(arrays, p.rows, gemm_workspace, stream);
+      run_prefill_gemm(arrays, p.rows, p.tile_m, gemm_workspace, stream);
     }
   };
   launch_prefill_plan(p, ws, stream);

@@ -6,17 +6,17 @@
 //               order, pairs of one expert in pair order) and both GEMMs' per-group problem
 //               sizes, pointers and strides, all on the device
 //   2. permute  xs[pos(q)] = x[q / slots]: each expert's token rows contiguous
-//   3. gate/up  grouped GEMM gu[n_e, 2I] = xs_e[n_e, H] . w13_e[2I, H]^T, fp32 (prefill_gemm.h)
+//   3. gate/up  grouped GEMM gu[n_e, 2I] = xs_e[n_e, H] . w13_e[2I, H]^T, bf16 (prefill_gemm.h)
 //   4. act      h[n_e, I] = act(gate + b13, up + b13) in bf16 (SiLU*mul, the clamped variants)
-//   5. down     grouped GEMM partial[n_e, H] = h_e[n_e, I] . w2_e[H, I]^T, fp32
+//   5. down     grouped GEMM partial[n_e, H] = h_e[n_e, I] . w2_e[H, I]^T, bf16
 //   6. combine  y[t] = sum_s w[t,s] * (partial[pos(t,s)] + b2[id]) in slot order
 //               (+ shared_scale[t] * shared_partial[t]), bf16
 //
-// Choices, to measure on the H200: both GEMMs write fp32 (the activation and the combine see the
-// fp32 accumulators, as the decode kernels' epilogues do; bf16 outputs would halve the 2 x 4 bytes
-// per element written and read again between the launches), and the activation is its own
-// launch (a fused epilogue needs the gate and up columns of an h column in one tile: w13's gate
-// rows then up rows put them I columns apart).
+// Both GEMMs accumulate in fp32 and round their outputs to bf16, as a bf16 Linear does (a bf16
+// transformers forward rounds at the same points: the gate/up outputs, h, each expert's output);
+// the activation and the combine compute in fp32 from them. The activation is its own launch (a
+// fused epilogue needs the gate and up columns of an h column in one tile: w13's gate rows then up
+// rows put them I columns apart).
 //
 // No host synchronisation: every size the host needs is the token count and the spec's shapes,
 // so a CUDA graph can capture a launch. The result does not depend on the order of the pairs
@@ -61,12 +61,13 @@ struct PrefillParams {
   int* error_flag = nullptr;   // set to 1 when an id falls outside [0, rows) (its slot dropped)
 
   PrefillGemm gemm = PrefillGemm::Cutlass;
+  int tile_m = 128;  // the CUTLASS instance's tile rows: 128 or 64 (plan::LayerPlan::grouped_tile_m)
 
   void* workspace = nullptr;  // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter)
   size_t workspace_bytes = 0;
 };
 
-// Device workspace of the path for up to max_tokens tokens (permuted x, gate/up fp32, h, fp32
+// Device workspace of the path for up to max_tokens tokens (permuted x, gate/up, h, the down
 // partials, the plan and both GEMMs' group arrays and CUTLASS workspaces), on the current device.
 size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter);
 

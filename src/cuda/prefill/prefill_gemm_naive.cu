@@ -1,5 +1,5 @@
 // The naive twin of the prefill grouped GEMM (prefill_gemm.h): the same device arrays, one thread
-// per output element, an fp32 dot product over K in order. The second reference of the path
+// per output element, an fp32 dot product over K in order, rounded to bf16 as the instances' D. The second reference of the path
 // (PrefillGemm::Naive): it checks the plan, permute, activation and combine apart from CUTLASS,
 // and is the way in for reading the CUTLASS instance. Not for speed.
 #include <cuda_bf16.h>
@@ -26,7 +26,7 @@ __global__ void prefill_gemm_naive_kernel(PrefillGroupArrays g) {
     const __nv_bfloat16* a = g.a[group] + static_cast<long long>(m) * g.stride_a[group];
     float acc = 0.0f;
     for (int k = 0; k < pr.k; ++k) acc += __bfloat162float(a[k]) * __bfloat162float(b[k]);
-    g.d[group][static_cast<long long>(m) * g.stride_d[group] + n] = acc;
+    g.d[group][static_cast<long long>(m) * g.stride_d[group] + n] = __float2bfloat16_rn(acc);
   }
 }
 

@@ -178,11 +178,19 @@ __global__ void prefill_permute_kernel(const uint4* __restrict__ x, const int* _
   }
 }
 
+// 4 consecutive bf16 (8 bytes, 8-byte aligned) as floats
+__device__ __forceinline__ float4 load_bf16x4(const __nv_bfloat16* p) {
+  const uint2 bits = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 // The gated nonlinearity: the decode kernels' own (experts_common.cuh, DESIGN.md §1).
 using experts_detail::activate;
 
 struct ActArgs {
-  const float* gu;
+  const __nv_bfloat16* gu;
   const float* b13;
   const int* row_expert;
   const int* total_rows;
@@ -202,9 +210,9 @@ __global__ void prefill_activation_kernel(ActArgs a) {
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     const long long r = i / quads;
     const int j = static_cast<int>(i - r * quads) * 4;
-    const float* row = a.gu + r * 2 * a.inter;
-    float4 g = *reinterpret_cast<const float4*>(row + j);
-    float4 u = *reinterpret_cast<const float4*>(row + a.inter + j);
+    const __nv_bfloat16* row = a.gu + r * 2 * a.inter;
+    float4 g = load_bf16x4(row + j);
+    float4 u = load_bf16x4(row + a.inter + j);
     if (a.b13 != nullptr) {
       const float* b = a.b13 + static_cast<long long>(a.row_expert[r]) * 2 * a.inter;
       const float4 bg = *reinterpret_cast<const float4*>(b + j);
@@ -225,7 +233,7 @@ __global__ void prefill_activation_kernel(ActArgs a) {
 }
 
 struct CombineArgs {
-  const float* partial;
+  const __nv_bfloat16* partial;
   const float* b2;
   const int* pos_of_pair;
   const int32_t* ids;
@@ -250,8 +258,7 @@ __global__ void prefill_combine_kernel(CombineArgs a) {
       const long long q = t * a.slots + s;
       const int pos = a.pos_of_pair[q];
       if (pos < 0) continue;
-      float4 v = *reinterpret_cast<const float4*>(a.partial + static_cast<long long>(pos) *
-                                                                  a.hidden + c);
+      float4 v = load_bf16x4(a.partial + static_cast<long long>(pos) * a.hidden + c);
       if (a.b2 != nullptr) {
         const float4 b = *reinterpret_cast<const float4*>(
             a.b2 + static_cast<long long>(a.ids[q]) * a.hidden + c);
@@ -298,14 +305,14 @@ PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, 
   ws.row_expert = static_cast<int*>(take(P * 4));
   ws.total_rows = static_cast<int*>(take(4));
   ws.xs = static_cast<__nv_bfloat16*>(take(P * hidden * 2));
-  ws.gu = static_cast<float*>(take(P * 2 * inter * 4));
+  ws.gu = static_cast<__nv_bfloat16*>(take(P * 2 * inter * 2));
   ws.h = static_cast<__nv_bfloat16*>(take(P * inter * 2));
-  ws.partial = static_cast<float*>(take(P * hidden * 4));
+  ws.partial = static_cast<__nv_bfloat16*>(take(P * hidden * 2));
   for (PrefillGroupArrays* g : {&ws.gate_up, &ws.down}) {
     g->problems = static_cast<PrefillProblem*>(take(R * sizeof(PrefillProblem)));
     g->a = static_cast<const __nv_bfloat16**>(take(R * 8));
     g->b = static_cast<const __nv_bfloat16**>(take(R * 8));
-    g->d = static_cast<float**>(take(R * 8));
+    g->d = static_cast<__nv_bfloat16**>(take(R * 8));
     g->stride_a = static_cast<int64_t*>(take(R * 8));
     g->stride_b = static_cast<int64_t*>(take(R * 8));
     g->stride_d = static_cast<int64_t*>(take(R * 8));

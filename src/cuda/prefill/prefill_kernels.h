@@ -20,9 +20,9 @@ struct PrefillWorkspace {
   int* row_expert = nullptr;    // [P]: the expert of permuted row r
   int* total_rows = nullptr;    // [1]: the valid pairs (rows of xs)
   __nv_bfloat16* xs = nullptr;  // [P, H] permuted x
-  float* gu = nullptr;          // [P, 2I] gate/up GEMM output
+  __nv_bfloat16* gu = nullptr;  // [P, 2I] gate/up GEMM output
   __nv_bfloat16* h = nullptr;   // [P, I] activation
-  float* partial = nullptr;     // [P, H] down GEMM output (unweighted, no bias)
+  __nv_bfloat16* partial = nullptr;  // [P, H] down GEMM output (unweighted, no bias)
   PrefillGroupArrays gate_up, down;  // [rows] each
   void* gemm_workspace[2] = {nullptr, nullptr};
   size_t gemm_workspace_bytes = 0;
