@@ -146,6 +146,8 @@ struct LayerPlan {
   Stream stream = Stream::Bulk;
   tuning::RouterGemmChoice router;
   bool routing_kernel = true;  // false: the gate/up kernel routes its one token itself
+  bool routing_dispatch = true;  // the routing kernel builds the expert kernels' task lists
+                                 // (not on the prefill path: its plan kernel permutes the pairs)
   bool dense_shared = false;   // the unfused shared MLP as dense cuBLAS GEMMs (before the router)
   std::vector<ExpertLaunch> experts;  // in launch order (empty on the prefill path)
   int grouped_tile_m = 0;  // the prefill path's GEMM tile rows (128 or 64); 0 off that path

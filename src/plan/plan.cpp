@@ -142,6 +142,7 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
     // the routing kernel's ids and weights feed the prefill path (its own permute and group
     // arrays); the unfused shared MLP runs as the dense GEMMs beside it
     p.dense_shared = sh.has_shared && !p.fused;
+    p.routing_dispatch = false;
     p.grouped_tile_m =
         experts_grouped_tile_m(tokens, sh.K, sh.E, s_run, overrides.grouped_tile_m);
     p.router = tuning::choose_router_gemm(device.arch, spec.router_dtype, sh.H,

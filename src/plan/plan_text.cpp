@@ -172,7 +172,10 @@ std::string describe(const LayerPlan& p) {
   os << "  router   " << tuning::describe(p.router.config) << " ("
      << tuning::source_name(p.router.source) << ")\n";
   os << "  routing  "
-     << (p.routing_kernel ? "routing + dispatch kernel" : "none: gate/up self-routes") << '\n';
+     << (!p.routing_kernel    ? "none: gate/up self-routes"
+         : p.routing_dispatch ? "routing + dispatch kernel"
+                              : "routing kernel (the prefill path permutes the pairs itself)")
+     << '\n';
   if (p.stream == Stream::Grouped) {
     os << "  experts  grouped GEMM path (tile " << p.grouped_tile_m << "x256): plan, permute, "
        << "gate/up grouped GEMM, activation, down grouped GEMM, combine\n";
@@ -217,6 +220,7 @@ std::string to_json(const LayerPlan& p) {
   j["router"] = {{"config", tuning::describe(p.router.config)},
                  {"source", tuning::source_name(p.router.source)}};
   j["routing_kernel"] = p.routing_kernel;
+  j["routing_dispatch"] = p.routing_dispatch;
   j["dense_shared"] = p.dense_shared;
   if (p.stream == Stream::Grouped) j["grouped_tile_m"] = p.grouped_tile_m;
   nlohmann::ordered_json experts = nlohmann::ordered_json::array();

@@ -351,6 +351,12 @@ TEST(GpuPrefill, NaiveGemmTwin) {
   EXPECT_EQ(non_finite, 0u);
 }
 
+// One small case with both instances, for compute-sanitizer's slower tools (racecheck).
+TEST(GpuPrefill, SmallCaseForSanitizers) {
+  SKIP_WITHOUT_PREFILL_GPU();
+  check_case({"deepseek-v3", 257, true, Ids::Routed});
+}
+
 TEST(GpuPrefill, SiluModel) {
   SKIP_WITHOUT_PREFILL_GPU();
   for (int t : {257, 1000, 4096}) check_case({"qwen3-30b-a3b", t, false, Ids::Routed});

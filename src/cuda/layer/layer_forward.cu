@@ -97,6 +97,7 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
   rp.ids = ids.as<int32_t>();
   rp.weights = weights.as<float>();
   rp.shared_scale = has_shared ? shared_scale.as<float>() : nullptr;
+  rp.dispatch = pl.routing_dispatch;
   rp.weight_rows = E + s_run;
   rp.chunk = pl.chunk;
   rp.pair_list = pair_list.as<int>();

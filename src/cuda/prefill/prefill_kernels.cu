@@ -18,6 +18,7 @@ namespace {
 constexpr int kPlanThreads = 1024;
 constexpr int kPlanWarps = kPlanThreads / 32;
 constexpr int kPlanSmemBudget = 200 * 1024;  // per-warp counters + the per-expert totals
+constexpr int kPlanLoads = 8;                 // ids each lane loads before using them
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -82,12 +83,23 @@ __global__ void __launch_bounds__(kPlanThreads) prefill_plan_kernel(PlanArgs a) 
 
   const long long begin = warp < a.warps ? a.pairs * warp / a.warps : 0;
   const long long end = warp < a.warps ? a.pairs * (warp + 1) / a.warps : 0;
-  for (long long q = begin + lane; q < end; q += 32) {
-    const int e = a.ids[q];
-    if (e >= 0 && e < rows) {
-      atomicAdd(&counts[warp * rows + e], 1);
-    } else if (a.error_flag != nullptr) {
-      *a.error_flag = 1;
+  // (one CTA: its loads are latency-bound, so each lane has kPlanLoads of them in flight)
+  for (long long q0 = begin; q0 < end; q0 += 32 * kPlanLoads) {
+    int ids[kPlanLoads];
+#pragma unroll
+    for (int i = 0; i < kPlanLoads; ++i) {
+      const long long q = q0 + 32 * i + lane;
+      ids[i] = q < end ? a.ids[q] : 0;
+    }
+#pragma unroll
+    for (int i = 0; i < kPlanLoads; ++i) {
+      if (q0 + 32 * i + lane >= end) break;
+      const int e = ids[i];
+      if (e >= 0 && e < rows) {
+        atomicAdd(&counts[warp * rows + e], 1);
+      } else if (a.error_flag != nullptr) {
+        *a.error_flag = 1;
+      }
     }
   }
   __syncthreads();
@@ -143,23 +155,31 @@ __global__ void __launch_bounds__(kPlanThreads) prefill_plan_kernel(PlanArgs a) 
 
   // placement, warp by warp over its range in pair order
   const unsigned lower = (1u << lane) - 1u;
-  for (long long q0 = begin; q0 < end; q0 += 32) {
-    const long long q = q0 + lane;
-    const bool in = q < end;
-    int e = in ? a.ids[q] : -1;
-    if (e < 0 || e >= rows) e = -1;
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    if (e >= 0) {
-      const int pos = counts[warp * rows + e] + __popc(peers & lower);
-      ws.pos_of_pair[q] = pos;
-      ws.row_pair[pos] = static_cast<int>(q);
-      ws.row_expert[pos] = e;
-    } else if (in) {
-      ws.pos_of_pair[q] = -1;
+  for (long long q0 = begin; q0 < end; q0 += 32 * kPlanLoads) {
+    int ids[kPlanLoads];
+#pragma unroll
+    for (int i = 0; i < kPlanLoads; ++i) {
+      const long long q = q0 + 32 * i + lane;
+      ids[i] = q < end ? a.ids[q] : -1;
     }
-    __syncwarp();
-    if (e >= 0 && (peers & lower) == 0) counts[warp * rows + e] += __popc(peers);
-    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kPlanLoads; ++i) {
+      const long long q = q0 + 32 * i + lane;
+      const bool in = q < end;
+      const int e = ids[i] >= 0 && ids[i] < rows ? ids[i] : -1;
+      const unsigned peers = __match_any_sync(0xffffffffu, e);
+      if (e >= 0) {
+        const int pos = counts[warp * rows + e] + __popc(peers & lower);
+        ws.pos_of_pair[q] = pos;
+        ws.row_pair[pos] = static_cast<int>(q);
+        ws.row_expert[pos] = e;
+      } else if (in) {
+        ws.pos_of_pair[q] = -1;
+      }
+      __syncwarp();
+      if (e >= 0 && (peers & lower) == 0) counts[warp * rows + e] += __popc(peers);
+      __syncwarp();
+    }
   }
 }
 

@@ -44,7 +44,9 @@ struct RoutingParams {
   float* weights = nullptr;                // [tokens, slots]
   float* shared_scale = nullptr;           // [tokens] or null (no shared expert)
 
-  // dispatch (align)
+  // dispatch (align); dispatch false: the kernel routes only (the prefill path permutes the
+  // pairs itself), and every field below but error_flag and trace goes unread
+  bool dispatch = true;
   int weight_rows = 0;             // E + S: the experts the lists count, never the routed E alone
   int chunk = 8;                   // tokens per task (the expert kernels' n-tile capacity)
   int* pair_list = nullptr;        // [tokens*slots]: pair indices grouped by expert

@@ -324,6 +324,7 @@ __global__ void __launch_bounds__(kRoutingThreads) routing_kernel(const RoutingP
   route_token<kPer>(p, token < p.tokens ? token : p.tokens - 1, lane, token < p.tokens, bias,
                     gridDim.x == 1 ? local_ids : nullptr);
   if (threadIdx.x == 0) trace_mark(p.trace, kTraceRoutingRouted);
+  if (!p.dispatch) return;
 
   // The last CTA to finish sees every token's ids and builds the dispatch lists. A grid of one
   // CTA (T <= 16) is its own last CTA: no counter round trip.
