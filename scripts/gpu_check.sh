@@ -194,7 +194,7 @@ if has_stage profile && [ -x "$MOEKIT" ]; then
   for m in $PROFILE_MODELS; do for tk in $PROFILE_TOKENS; do
     echo "== ncu --clock-control none, moekit run --device cuda --model $m --tokens $tk" \
       "(MOEKIT_EXPERTS_KERNEL=${PROFILE_KERNEL:-default})" >>"$OUT/ncu.txt"
-    timed "ncu $m T=$tk" "$LOGS/ncu.log" sh -c "exec env MOEKIT_EXPERTS_KERNEL='$PROFILE_KERNEL' ncu --clock-control none --csv --page raw -k regex:'router|routing|experts|prefill|cutlass|gemm|sm90' \
+    timed "ncu $m T=$tk" "$LOGS/ncu.log" sh -c "exec env MOEKIT_EXPERTS_KERNEL='$PROFILE_KERNEL' ncu --clock-control none --csv --page raw -k regex:'router|routing|experts|prefill|device_kernel|gemm|sm90' \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
       '$MOEKIT' run --device cuda --model $m --tokens $tk >'$LOGS/ncu_${m}_$tk.csv'"
     python3 - "$LOGS/ncu_${m}_$tk.csv" >>"$OUT/ncu.txt" <<'PY'

@@ -18,7 +18,7 @@ namespace {
 constexpr int kPlanThreads = 1024;
 constexpr int kPlanWarps = kPlanThreads / 32;
 constexpr int kPlanSmemBudget = 200 * 1024;  // per-warp counters + the per-expert totals
-constexpr int kPlanLoads = 8;                 // ids each lane loads before using them
+constexpr int kPlanLoads = 8;                // ids each lane loads before using them
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -73,8 +73,8 @@ __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
 // 32-pair step), so the permutation is stable: expert order, then pair order.
 __global__ void __launch_bounds__(kPlanThreads) prefill_plan_kernel(PlanArgs a) {
   extern __shared__ int smem[];
-  int* counts = smem;                             // [warps][rows]
-  int* offsets = smem + a.warps * a.rows;         // [rows]
+  int* counts = smem;                      // [warps][rows]
+  int* offsets = smem + a.warps * a.rows;  // [rows]
   __shared__ int warp_sums[33];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int rows = a.rows;
@@ -171,7 +171,6 @@ __global__ void __launch_bounds__(kPlanThreads) prefill_plan_kernel(PlanArgs a) 
       if (e >= 0) {
         const int pos = counts[warp * rows + e] + __popc(peers & lower);
         ws.pos_of_pair[q] = pos;
-        ws.row_pair[pos] = static_cast<int>(q);
         ws.row_expert[pos] = e;
       } else if (in) {
         ws.pos_of_pair[q] = -1;
@@ -183,27 +182,53 @@ __global__ void __launch_bounds__(kPlanThreads) prefill_plan_kernel(PlanArgs a) 
   }
 }
 
-// xs[r] = x[row_pair[r] / slots], 16 bytes a thread
-__global__ void prefill_permute_kernel(const uint4* __restrict__ x, const int* __restrict__ row_pair,
-                                       const int* __restrict__ total_rows, uint4* __restrict__ xs,
-                                       long long max_rows, int units, int slots) {
-  const long long rows = min(static_cast<long long>(*total_rows), max_rows);
-  const long long n = rows * units;
+// xs[pos(q)] = x[q / slots] for every pair q in pair order, 16 bytes a thread: x is read once,
+// in order (a token's slots are neighbours), the rows written where the plan placed them
+__global__ void prefill_permute_kernel(const uint4* __restrict__ x,
+                                       const int* __restrict__ pos_of_pair, uint4* __restrict__ xs,
+                                       long long pairs, int units, int slots) {
+  const long long n = pairs * units;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long r = i / units;
-    const int c = static_cast<int>(i - r * units);
-    const long long t = row_pair[r] / slots;
-    xs[i] = x[t * units + c];
+    const long long q = i / units;
+    const int c = static_cast<int>(i - q * units);
+    const int pos = pos_of_pair[q];
+    if (pos >= 0) xs[static_cast<long long>(pos) * units + c] = x[(q / slots) * units + c];
   }
 }
 
-// 4 consecutive bf16 (8 bytes, 8-byte aligned) as floats
-__device__ __forceinline__ float4 load_bf16x4(const __nv_bfloat16* p) {
-  const uint2 bits = *reinterpret_cast<const uint2*>(p);
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
+// 8 consecutive bf16 (16 bytes, 16-byte aligned) as floats, and back
+__device__ __forceinline__ void load_bf16x8(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 bits = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store_bf16x8(__nv_bfloat16* p, const float (&v)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    w[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+// 8 consecutive floats (32 bytes, 16-byte aligned) added into v, times `scale`
+__device__ __forceinline__ void add_f32x8(const float* p, float scale, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] += scale * a.x;
+  v[1] += scale * a.y;
+  v[2] += scale * a.z;
+  v[3] += scale * a.w;
+  v[4] += scale * b.x;
+  v[5] += scale * b.y;
+  v[6] += scale * b.z;
+  v[7] += scale * b.w;
 }
 
 // The gated nonlinearity: the decode kernels' own (experts_common.cuh, DESIGN.md §1).
@@ -221,34 +246,27 @@ struct ActArgs {
   float limit, alpha, beta;
 };
 
-// 4 consecutive h columns a thread
+// 8 consecutive h columns a thread
 __global__ void prefill_activation_kernel(ActArgs a) {
   const long long rows = min(static_cast<long long>(*a.total_rows), a.max_rows);
-  const int quads = a.inter / 4;
-  const long long n = rows * quads;
+  const int octs = a.inter / 8;
+  const long long n = rows * octs;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long r = i / quads;
-    const int j = static_cast<int>(i - r * quads) * 4;
+    const long long r = i / octs;
+    const int j = static_cast<int>(i - r * octs) * 8;
     const __nv_bfloat16* row = a.gu + r * 2 * a.inter;
-    float4 g = load_bf16x4(row + j);
-    float4 u = load_bf16x4(row + a.inter + j);
+    float g[8], u[8], h[8];
+    load_bf16x8(row + j, g);
+    load_bf16x8(row + a.inter + j, u);
     if (a.b13 != nullptr) {
       const float* b = a.b13 + static_cast<long long>(a.row_expert[r]) * 2 * a.inter;
-      const float4 bg = *reinterpret_cast<const float4*>(b + j);
-      const float4 bu = *reinterpret_cast<const float4*>(b + a.inter + j);
-      g.x += bg.x; g.y += bg.y; g.z += bg.z; g.w += bg.w;
-      u.x += bu.x; u.y += bu.y; u.z += bu.z; u.w += bu.w;
+      add_f32x8(b + j, 1.0f, g);
+      add_f32x8(b + a.inter + j, 1.0f, u);
     }
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(
-        activate(a.act, g.x, u.x, a.limit, a.alpha, a.beta),
-        activate(a.act, g.y, u.y, a.limit, a.alpha, a.beta));
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(
-        activate(a.act, g.z, u.z, a.limit, a.alpha, a.beta),
-        activate(a.act, g.w, u.w, a.limit, a.alpha, a.beta));
-    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(a.h + r * a.inter + j);
-    out[0] = lo;
-    out[1] = hi;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) h[k] = activate(a.act, g[k], u[k], a.limit, a.alpha, a.beta);
+    store_bf16x8(a.h + r * a.inter + j, h);
   }
 }
 
@@ -264,37 +282,31 @@ struct CombineArgs {
   int tokens, hidden, slots;
 };
 
-// y[t, c..c+3] = sum over slots s in order of w[t,s] * (partial[pos] + b2[id]), + the shared
+// y[t, c..c+7] = sum over slots s in order of w[t,s] * (partial[pos] + b2[id]), + the shared
 // MLP's scaled output, rounded to bf16
 __global__ void prefill_combine_kernel(CombineArgs a) {
-  const int quads = a.hidden / 4;
-  const long long n = static_cast<long long>(a.tokens) * quads;
+  const int octs = a.hidden / 8;
+  const long long n = static_cast<long long>(a.tokens) * octs;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long t = i / quads;
-    const int c = static_cast<int>(i - t * quads) * 4;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const long long t = i / octs;
+    const int c = static_cast<int>(i - t * octs) * 8;
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int s = 0; s < a.slots; ++s) {
       const long long q = t * a.slots + s;
       const int pos = a.pos_of_pair[q];
       if (pos < 0) continue;
-      float4 v = load_bf16x4(a.partial + static_cast<long long>(pos) * a.hidden + c);
-      if (a.b2 != nullptr) {
-        const float4 b = *reinterpret_cast<const float4*>(
-            a.b2 + static_cast<long long>(a.ids[q]) * a.hidden + c);
-        v.x += b.x; v.y += b.y; v.z += b.z; v.w += b.w;
-      }
+      float v[8];
+      load_bf16x8(a.partial + static_cast<long long>(pos) * a.hidden + c, v);
+      if (a.b2 != nullptr)
+        add_f32x8(a.b2 + static_cast<long long>(a.ids[q]) * a.hidden + c, 1.0f, v);
       const float w = a.weights[q];
-      acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] += w * v[k];
     }
-    if (a.shared_partial != nullptr) {
-      const float sc = a.shared_scale[t];
-      const float4 s = *reinterpret_cast<const float4*>(a.shared_partial + t * a.hidden + c);
-      acc.x += sc * s.x; acc.y += sc * s.y; acc.z += sc * s.z; acc.w += sc * s.w;
-    }
-    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(a.y + t * a.hidden + c);
-    out[0] = __floats2bfloat162_rn(acc.x, acc.y);
-    out[1] = __floats2bfloat162_rn(acc.z, acc.w);
+    if (a.shared_partial != nullptr)
+      add_f32x8(a.shared_partial + t * a.hidden + c, a.shared_scale[t], acc);
+    store_bf16x8(a.y + t * a.hidden + c, acc);
   }
 }
 
@@ -321,7 +333,6 @@ PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, 
     return p;
   };
   ws.pos_of_pair = static_cast<int*>(take(P * 4));
-  ws.row_pair = static_cast<int*>(take(P * 4));
   ws.row_expert = static_cast<int*>(take(P * 4));
   ws.total_rows = static_cast<int*>(take(4));
   ws.xs = static_cast<__nv_bfloat16*>(take(P * hidden * 2));
@@ -361,9 +372,8 @@ void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cud
   const size_t smem = static_cast<size_t>(a.warps + 1) * p.rows * sizeof(int);
   static std::once_flag once;
   std::call_once(once, [] {
-    MK_CUDA_CHECK(cudaFuncSetAttribute(prefill_plan_kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kPlanSmemBudget));
+    MK_CUDA_CHECK(cudaFuncSetAttribute(
+        prefill_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPlanSmemBudget));
   });
   prefill_plan_kernel<<<1, kPlanThreads, smem, stream>>>(a);
   MK_CUDA_CHECK(cudaGetLastError());
@@ -371,11 +381,11 @@ void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cud
 
 void launch_prefill_permute(const PrefillParams& p, const PrefillWorkspace& ws,
                             cudaStream_t stream) {
-  const long long max_rows = static_cast<long long>(p.tokens) * p.slots;
+  const long long pairs = static_cast<long long>(p.tokens) * p.slots;
   const int units = p.hidden / 8;
-  prefill_permute_kernel<<<stride_grid(max_rows * units, 256), 256, 0, stream>>>(
-      reinterpret_cast<const uint4*>(p.x), ws.row_pair, ws.total_rows,
-      reinterpret_cast<uint4*>(ws.xs), max_rows, units, p.slots);
+  prefill_permute_kernel<<<stride_grid(pairs * units, 256), 256, 0, stream>>>(
+      reinterpret_cast<const uint4*>(p.x), ws.pos_of_pair, reinterpret_cast<uint4*>(ws.xs), pairs,
+      units, p.slots);
   MK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -393,7 +403,7 @@ void launch_prefill_activation(const PrefillParams& p, const PrefillWorkspace& w
   a.limit = p.limit;
   a.alpha = p.alpha;
   a.beta = p.beta;
-  prefill_activation_kernel<<<stride_grid(a.max_rows * (p.inter / 4), 256), 256, 0, stream>>>(a);
+  prefill_activation_kernel<<<stride_grid(a.max_rows * (p.inter / 8), 256), 256, 0, stream>>>(a);
   MK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -411,7 +421,7 @@ void launch_prefill_combine(const PrefillParams& p, const PrefillWorkspace& ws,
   a.tokens = p.tokens;
   a.hidden = p.hidden;
   a.slots = p.slots;
-  const long long n = static_cast<long long>(p.tokens) * (p.hidden / 4);
+  const long long n = static_cast<long long>(p.tokens) * (p.hidden / 8);
   prefill_combine_kernel<<<stride_grid(n, 256), 256, 0, stream>>>(a);
   MK_CUDA_CHECK(cudaGetLastError());
 }

@@ -16,7 +16,6 @@ namespace moekit::cuda {
 // The path's device buffers, carved from one workspace (prefill_carve). P = max_tokens x slots.
 struct PrefillWorkspace {
   int* pos_of_pair = nullptr;   // [P]: the permuted row of pair q, or -1 (id out of range)
-  int* row_pair = nullptr;      // [P]: the pair of permuted row r
   int* row_expert = nullptr;    // [P]: the expert of permuted row r
   int* total_rows = nullptr;    // [1]: the valid pairs (rows of xs)
   __nv_bfloat16* xs = nullptr;  // [P, H] permuted x
@@ -35,7 +34,7 @@ PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, 
 
 // Step 1, one CTA: counts, offsets, the stable permutation and both GEMMs' group arrays.
 void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cudaStream_t stream);
-// Step 2: xs[r] = x[row_pair[r] / slots] for r < total_rows.
+// Step 2: xs[pos_of_pair[q]] = x[q / slots] for every pair q (in pair order).
 void launch_prefill_permute(const PrefillParams& p, const PrefillWorkspace& ws,
                             cudaStream_t stream);
 // Step 4: h[r] = act(gu[r] gate half + b13, up half + b13) for r < total_rows.
