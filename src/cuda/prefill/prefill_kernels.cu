@@ -35,6 +35,7 @@ struct PlanArgs {
   int rows, warps, hidden, inter;
   const __nv_bfloat16* w13;
   const __nv_bfloat16* w2;
+  bool row_experts;  // write row_expert (the activation reads it for the expert biases only)
   PrefillWorkspace ws;
   int* error_flag;
 };
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(kPlanThreads) prefill_plan_kernel(PlanArgs a) 
       if (e >= 0) {
         const int pos = counts[warp * rows + e] + __popc(peers & lower);
         ws.pos_of_pair[q] = pos;
-        ws.row_expert[pos] = e;
+        if (a.row_experts) ws.row_expert[pos] = e;
       } else if (in) {
         ws.pos_of_pair[q] = -1;
       }
@@ -367,6 +368,8 @@ void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cud
   a.inter = p.inter;
   a.w13 = p.w13;
   a.w2 = p.w2;
+  // (one SM issues every store of this kernel: a scattered store per pair is its largest cost)
+  a.row_experts = p.b13 != nullptr;
   a.ws = ws;
   a.error_flag = p.error_flag;
   const size_t smem = static_cast<size_t>(a.warps + 1) * p.rows * sizeof(int);

@@ -16,7 +16,7 @@ namespace moekit::cuda {
 // The path's device buffers, carved from one workspace (prefill_carve). P = max_tokens x slots.
 struct PrefillWorkspace {
   int* pos_of_pair = nullptr;   // [P]: the permuted row of pair q, or -1 (id out of range)
-  int* row_expert = nullptr;    // [P]: the expert of permuted row r
+  int* row_expert = nullptr;    // [P]: the expert of permuted row r (written with expert biases)
   int* total_rows = nullptr;    // [1]: the valid pairs (rows of xs)
   __nv_bfloat16* xs = nullptr;  // [P, H] permuted x
   __nv_bfloat16* gu = nullptr;  // [P, 2I] gate/up GEMM output
