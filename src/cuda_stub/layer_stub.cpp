@@ -11,7 +11,7 @@ namespace {
 }
 }  // namespace
 
-bool available(std::string* why) {
+bool available(std::string* why, int) {
   if (why) *why = "moekit was built without CUDA (configure with -DMOEKIT_CUDA=ON)";
   return false;
 }
