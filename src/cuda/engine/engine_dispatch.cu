@@ -1,0 +1,57 @@
+// engine_dispatch.h: the expansion of a caller's routing and the align step, one CTA.
+#include "cuda/common/cuda_check.h"
+#include "cuda/engine/engine_dispatch.h"
+#include "cuda/routing/align.cuh"
+
+namespace moekit::cuda {
+namespace {
+
+constexpr int kEngineDispatchThreads = 1024;  // align_block's scan takes up to 32 warps
+
+__global__ void __launch_bounds__(kEngineDispatchThreads)
+    engine_dispatch_kernel(const EngineDispatchParams p) {
+  const RoutingParams& rp = p.rp;
+  const int k = rp.cfg.top_k, slots = k + rp.cfg.shared_slots;
+  const int E = rp.cfg.num_experts;
+  const int pairs = rp.tokens * slots;
+  // expand: routed slots from the caller (ids checked), then the fused slots
+#pragma unroll 1
+  for (int q = threadIdx.x; q < pairs; q += blockDim.x) {
+    const int t = q / slots, j = q - t * slots;
+    const float scale = p.shared_scale_in != nullptr ? p.shared_scale_in[t] : 1.0f;
+    int id;
+    float w;
+    if (j < k) {
+      id = p.topk_ids[static_cast<size_t>(t) * k + j];
+      w = p.topk_weights[static_cast<size_t>(t) * k + j];
+      if (id < 0 || id >= E) {
+        atomicOr(rp.error_flag, 1);
+        id = -1;  // the align step drops it
+      }
+    } else {
+      id = E + (j - k);
+      w = scale;
+    }
+    rp.ids[q] = id;
+    rp.weights[q] = w;
+  }
+  if (rp.shared_scale != nullptr) {
+#pragma unroll 1
+    for (int t = threadIdx.x; t < rp.tokens; t += blockDim.x) {
+      rp.shared_scale[t] = p.shared_scale_in != nullptr ? p.shared_scale_in[t] : 1.0f;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  align_detail::align_block(rp, nullptr);
+}
+
+}  // namespace
+
+void launch_engine_dispatch(const EngineDispatchParams& p, cudaStream_t stream) {
+  if (p.rp.tokens <= 0) return;
+  engine_dispatch_kernel<<<1, kEngineDispatchThreads, 0, stream>>>(p);
+  MK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moekit::cuda
