@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moekit/layer.h"
+#include "moekit/moe.h"
 #include "moekit/plan.h"
 #include "moekit/spec.h"
 #include "moekit/weights.h"
@@ -78,6 +79,11 @@ class GpuMoeLayer {
   // and no allocation: capturable in a CUDA graph. tokens <= max_tokens (throws otherwise).
   void forward_device(const void* x, void* y, int tokens, FuseShared fuse, CUstream_st* stream);
   void forward_device(const void* x, void* y, int tokens, CUstream_st* stream);
+
+  // What the device saw since creation or the last clear: an expert id outside [0, E + S) that
+  // a forward's dispatch dropped (forward_device's outputs of that call are then undefined).
+  // Synchronises `stream`.
+  MoeStatus read_status(CUstream_st* stream = nullptr, bool clear = true);
 
   // Captures one forward in a CUDA graph and counts its nodes (the benchmark's "launches").
   LaunchCount count_launches(int tokens, bool fused);

@@ -3,9 +3,10 @@
 //
 //   MoeWeightsView   pointers + strides of one layer's weights, on the host or on a GPU
 //   MoeOptions       fusion, max_tokens, the plan's knobs, the device, the CPU backend
-//   MoeOp            one per (spec, options): forward, route, experts on any view of that spec
-//   workspace_bytes  the device workspace a MoeOp needs (the caller allocates and may share it
-//                    between layers that run one after the other on one stream)
+//   MoeOp            one per (spec, options): forward, route, experts on any view of that spec,
+//                    so one op and one workspace serve every MoE layer of a model in turn
+//   workspace_bytes  the device workspace a MoeOp needs (the caller allocates it; calls that
+//                    share one run one after the other on one stream)
 //
 // The weights' layout is vLLM's `fused_experts` contract (and what transformers 5 stores):
 //
@@ -31,8 +32,10 @@
 // runs every token's routing over all E experts and computes only the (token, slot) pairs routed
 // to its experts; pairs routed elsewhere are skipped. Its y is a partial sum: the caller sums y
 // across the ranks. The shared expert is added by every view that holds it (fused_slots or
-// shared_w13/shared_w2): give it to exactly one rank. (Slices run on the CPU backends; the GPU
-// takes the whole expert range for now and says so.)
+// shared_w13/shared_w2): give it to exactly one rank. On the GPU a slice's forward runs the
+// routing, then a dispatch of its own pairs (one more launch, and one that zeroes the skipped
+// pairs' partial rows on the decode kernels). The GPU takes dense stacks (expert strides 0 or
+// the dense size); padded strides run on the CPU backends.
 //
 // Which backend runs is the view's `location`: Host -> the CPU backend of MoeOptions (the
 // reference or the fast one), Device -> the CUDA layer's kernels on MoeOptions::device. The

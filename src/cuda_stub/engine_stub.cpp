@@ -21,7 +21,6 @@ size_t workspace_bytes(const MoeSpec&, int, const MoeOptions&) { return 0; }
 MoeOp::Gpu* create(const MoeSpec&, const MoeOptions&) { no_cuda("prepare_workspace"); }
 void destroy(MoeOp::Gpu* gpu) { delete gpu; }
 void prepare_workspace(MoeOp::Gpu&, void*, size_t, CUstream_st*) { no_cuda("prepare_workspace"); }
-bool resolve_fused(MoeOp::Gpu&, const MoeWeightsView&, int) { no_cuda("resolve_fused"); }
 void forward(MoeOp::Gpu&, const MoeWeightsView&, const void*, void*, int, void*, size_t,
              CUstream_st*) {
   no_cuda("forward");

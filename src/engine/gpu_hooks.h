@@ -26,10 +26,6 @@ void destroy(MoeOp::Gpu* gpu);
 
 void prepare_workspace(MoeOp::Gpu& gpu, void* workspace, size_t bytes, CUstream_st* stream);
 
-// The fusion a device call of `tokens` tokens runs with (MoeOptions::fuse, what the view holds,
-// and the plan's rule for Auto when the view holds both forms).
-bool resolve_fused(MoeOp::Gpu& gpu, const MoeWeightsView& w, int tokens);
-
 void forward(MoeOp::Gpu& gpu, const MoeWeightsView& w, const void* x, void* y, int tokens,
              void* workspace, size_t bytes, CUstream_st* stream);
 // x or logits (the other null)

@@ -52,9 +52,18 @@ std::unique_ptr<Impl> make_core(const MoeSpec& spec, const MoeOptions& options) 
   return impl;
 }
 
-// Device memory on `device` (or managed memory), else an error naming the tensor.
-void check_device_pointer(const void* p, int device, const char* name) {
-  if (p == nullptr) return;
+// Whether `stream` is being captured into a CUDA graph: the pointer checks below then do not
+// run (they ran on the eager calls before a capture; a capture admits only stream work).
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  MK_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Device memory on `device` (or managed memory), else an error naming the tensor. Skipped where
+// `check` is false (a capture).
+void check_device_pointer(const void* p, int device, const char* name, bool check = true) {
+  if (p == nullptr || !check) return;
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -73,14 +82,9 @@ void check_aligned(const void* p, const char* name) {
 
 // Points the Impl at the view's weights and the workspace's pieces, after the checks only the
 // GPU backend needs (the view itself is validated by moe_op.cpp).
-void bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes) {
+// Returns whether the pointer checks ran (not while `stream` is captured).
+bool bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes, cudaStream_t stream) {
   const MoeSpec& spec = m.spec;
-  const int E = spec.num_experts;
-  MK_CHECK(w.expert_offset == 0 && w.local_experts(spec) == E,
-           "the GPU backend takes the whole expert range (expert_offset 0, expert_count "
-               << E << "), got [" << w.expert_offset << ", "
-               << w.expert_offset + w.local_experts(spec)
-               << "); expert slices run on the CPU backends");
   const int64_t H = spec.hidden, I = spec.expert_intermediate;
   MK_CHECK((w.w13_expert_stride == 0 || w.w13_expert_stride == 2 * I * H) &&
                (w.w2_expert_stride == 0 || w.w2_expert_stride == H * I),
@@ -91,9 +95,6 @@ void bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes) {
                                      (w.b2_expert_stride == 0 || w.b2_expert_stride == H)),
            "the GPU backend takes dense bias stacks (b13_expert_stride 0 or "
                << 2 * I << ", b2_expert_stride 0 or " << H << ")");
-  MK_CHECK(!m.has_shared || w.holds_shared(),
-           "the GPU backend needs " << spec.name
-                                    << "'s shared expert: fused_slots or shared_w13/shared_w2");
   MK_CHECK(workspace != nullptr, "the workspace is null (workspace_bytes() gives its size)");
   const size_t need = m.carve_workspace(nullptr, nullptr);
   MK_CHECK(bytes >= need, "the workspace holds " << bytes << " bytes, expected at least " << need
@@ -101,11 +102,12 @@ void bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes) {
   MK_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
            "the workspace must be 256-byte aligned, got " << workspace);
   const int dev = m.opt.device;
-  check_device_pointer(w.router_weight, dev, "router_weight");
-  check_device_pointer(w.w13, dev, "w13");
-  check_device_pointer(w.w2, dev, "w2");
-  check_device_pointer(w.shared_w13, dev, "shared_w13");
-  check_device_pointer(workspace, dev, "workspace");
+  const bool check = !capturing(stream);
+  check_device_pointer(w.router_weight, dev, "router_weight", check);
+  check_device_pointer(w.w13, dev, "w13", check);
+  check_device_pointer(w.w2, dev, "w2", check);
+  check_device_pointer(w.shared_w13, dev, "shared_w13", check);
+  check_device_pointer(workspace, dev, "workspace", check);
   check_aligned(w.router_weight, "router_weight");
   check_aligned(w.w13, "w13");
   check_aligned(w.w2, "w2");
@@ -122,6 +124,9 @@ void bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes) {
   m.wp.shared_w2 = reinterpret_cast<const __nv_bfloat16*>(w.shared_w2);
   m.carve_workspace(workspace, &m.ws);
   m.add_shared = true;
+  m.slice_count = w.local_experts(spec);
+  m.dispatch_flag = nullptr;
+  return check;
 }
 
 // The fusion asked of the plan: Auto stays Auto where the view holds both forms (the plan's
@@ -188,18 +193,62 @@ void prepare_workspace(MoeOp::Gpu& gpu, void* workspace, size_t bytes, CUstream_
   MK_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-bool resolve_fused(MoeOp::Gpu& gpu, const MoeWeightsView& w, int tokens) {
-  Impl& m = *gpu.impl;
-  const FuseShared f = plan_fuse(m, w, m.opt.fuse, tokens, true);
-  return m.plan_for(tokens, f).fused;
+namespace {
+
+// A routing [T, k] of global ids (the caller's, or the routing kernel's in the workspace) ->
+// the view's dispatch (engine_dispatch.h) -> the plan's expert launches into y.
+void dispatch_and_experts(Impl& m, const MoeWeightsView& w, const plan::LayerPlan& pl,
+                          const void* x, const int32_t* topk_ids, const float* topk_weights,
+                          const float* shared_scale, void* y, cudaStream_t stream) {
+  m.dispatch_flag = m.ws.dropped;  // dropping another rank's pairs is no error
+  cuda::EngineDispatchParams dp;
+  dp.rp = m.routing_params(pl);
+  dp.topk_ids = topk_ids;
+  dp.topk_weights = topk_weights;
+  dp.shared_scale_in = shared_scale;
+  dp.expert_offset = w.expert_offset;
+  dp.expert_count = m.slice_count;
+  dp.status = m.ws.status;
+  cuda::launch_engine_dispatch(dp, stream);
+  if (m.slice_count < m.E && pl.stream != plan::Stream::Grouped) {
+    cuda::zero_dropped_partials(m.ws.ids, pl.tokens * pl.slots, m.ws.partial, m.H, stream);
+  }
+  m.launch_experts(pl, dp.rp, x, y, stream);
+  m.dispatch_flag = nullptr;
 }
+
+}  // namespace
 
 void forward(MoeOp::Gpu& gpu, const MoeWeightsView& w, const void* x, void* y, int tokens,
              void* workspace, size_t bytes, CUstream_st* stream) {
   Impl& m = *gpu.impl;
   DeviceGuard guard(m.opt.device);
-  bind(m, w, workspace, bytes);
-  m.forward_device(x, y, tokens, plan_fuse(m, w, m.opt.fuse, tokens, true), stream);
+  bind(m, w, workspace, bytes, stream);
+  const bool add_shared = m.has_shared && w.holds_shared();
+  if (m.slice_count == m.E && add_shared == m.has_shared) {
+    // the whole layer: the owning layer's forward, launch for launch
+    m.forward_device(x, y, tokens, plan_fuse(m, w, m.opt.fuse, tokens, true), stream);
+    return;
+  }
+  // an expert slice (or a view without the shared expert): the routing over all E experts
+  // into the workspace, then this view's pairs only
+  check_aligned(x, "x");
+  check_aligned(y, "y");
+  const FuseShared f = add_shared ? plan_fuse(m, w, m.opt.fuse, tokens, false) : FuseShared::Off;
+  const plan::LayerPlan& pl = m.plan_for(tokens, f, false);
+  m.add_shared = add_shared;
+  m.launch_dense_shared(pl, x, stream);
+  m.launch_router_gemm(pl, x, stream);
+  cuda::RoutingParams rr = m.routing_params(pl);
+  rr.cfg = m.cfg_unfused;
+  rr.ids = m.ws.topk_ids;
+  rr.weights = m.ws.topk_weights;
+  rr.weight_rows = m.E;  // (its lists are rebuilt for the view by the dispatch)
+  rr.shared_tasks = nullptr;
+  cuda::launch_routing(rr, stream, pl.pdl);
+  dispatch_and_experts(m, w, pl, x, m.ws.topk_ids, m.ws.topk_weights,
+                       m.has_shared ? m.ws.shared_scale : nullptr, y, stream);
+  m.add_shared = true;
 }
 
 void route(MoeOp::Gpu& gpu, const MoeWeightsView& w, const void* x, const float* logits, int tokens,
@@ -207,14 +256,15 @@ void route(MoeOp::Gpu& gpu, const MoeWeightsView& w, const void* x, const float*
            size_t bytes, CUstream_st* stream) {
   Impl& m = *gpu.impl;
   DeviceGuard guard(m.opt.device);
-  bind(m, w, workspace, bytes);
+  const bool check = bind(m, w, workspace, bytes, stream);
   if (x != nullptr) check_aligned(x, "x");
-  check_device_pointer(topk_ids, m.opt.device, "topk_ids");
-  check_device_pointer(topk_weights, m.opt.device, "topk_weights");
+  check_device_pointer(topk_ids, m.opt.device, "topk_ids", check);
+  check_device_pointer(topk_weights, m.opt.device, "topk_weights", check);
   // the unfused routing: k slots per token, written straight into the caller's arrays
   const plan::LayerPlan& pl = m.plan_for(tokens, FuseShared::Off, false);
   if (x != nullptr) m.launch_router_gemm(pl, x, stream);
   cuda::RoutingParams rp = m.routing_params(pl);
+  rp.weight_rows = m.E;  // every expert's ids are in range, whatever slice the view holds
   rp.logits = x != nullptr ? m.ws.logits : logits;
   rp.ids = topk_ids;
   rp.weights = topk_weights;
@@ -229,23 +279,17 @@ void experts(MoeOp::Gpu& gpu, const MoeWeightsView& w, const void* x, const int3
              void* workspace, size_t bytes, CUstream_st* stream) {
   Impl& m = *gpu.impl;
   DeviceGuard guard(m.opt.device);
-  bind(m, w, workspace, bytes);
+  const bool check = bind(m, w, workspace, bytes, stream);
   check_aligned(x, "x");
   check_aligned(y, "y");
-  check_device_pointer(topk_ids, m.opt.device, "topk_ids");
-  check_device_pointer(topk_weights, m.opt.device, "topk_weights");
-  const bool add_shared = eo.add_shared && m.has_shared;
+  check_device_pointer(topk_ids, m.opt.device, "topk_ids", check);
+  check_device_pointer(topk_weights, m.opt.device, "topk_weights", check);
+  const bool add_shared = eo.add_shared && m.has_shared && w.holds_shared();
   const FuseShared f = add_shared ? plan_fuse(m, w, m.opt.fuse, tokens, false) : FuseShared::Off;
   const plan::LayerPlan& pl = m.plan_for(tokens, f, false);
   m.add_shared = add_shared;
   m.launch_dense_shared(pl, x, stream);
-  cuda::EngineDispatchParams dp;
-  dp.rp = m.routing_params(pl);
-  dp.topk_ids = topk_ids;
-  dp.topk_weights = topk_weights;
-  dp.shared_scale_in = eo.shared_scale;
-  cuda::launch_engine_dispatch(dp, stream);
-  m.launch_experts(pl, dp.rp, x, y, stream);
+  dispatch_and_experts(m, w, pl, x, topk_ids, topk_weights, eo.shared_scale, y, stream);
   m.add_shared = true;
 }
 

@@ -55,6 +55,7 @@ void GpuMoeLayer::Impl::init_shapes() {
   S = can_fuse ? spec.shared_slots() : 0;
   cfg_unfused = RoutingConfig::from_spec(spec, false);
   if (can_fuse) cfg_fused = RoutingConfig::from_spec(spec, true);
+  slice_count = E;
   const size_t pairs = static_cast<size_t>(std::max(opt.max_tokens, 1)) * (K + S);
   max_tasks = max_routed_tasks(static_cast<int>(pairs), rows_fused(), 8);
 }
@@ -233,6 +234,18 @@ LaunchCount GpuMoeLayer::count_launches(int tokens, bool fused) {
   }
   MK_CUDA_CHECK(cudaGraphDestroy(graph));
   return c;
+}
+
+MoeStatus GpuMoeLayer::read_status(CUstream_st* stream, bool clear) {
+  Impl& m = *impl_;
+  DeviceGuard guard(m.opt.device);
+  int word = 0;
+  MK_CUDA_CHECK(cudaMemcpyAsync(&word, m.ws.status, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  if (clear) MK_CUDA_CHECK(cudaMemsetAsync(m.ws.status, 0, sizeof(int), stream));
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MoeStatus s;
+  s.expert_id_out_of_range = (word & 1) != 0;
+  return s;
 }
 
 void GpuMoeLayer::set_trace(unsigned long long* words) { impl_->trace = words; }

@@ -112,7 +112,7 @@ RoutingParams GpuMoeLayer::Impl::routing_params(const plan::LayerPlan& pl) const
   rp.ids = ws.ids;
   rp.weights = ws.weights;
   rp.shared_scale = has_shared ? ws.shared_scale : nullptr;
-  rp.weight_rows = E + (pl.fused ? S : 0);
+  rp.weight_rows = slice_count + (pl.fused ? S : 0);
   rp.chunk = pl.chunk;
   rp.pair_list = ws.pair_list;
   rp.tasks = ws.tasks;
@@ -120,7 +120,7 @@ RoutingParams GpuMoeLayer::Impl::routing_params(const plan::LayerPlan& pl) const
   rp.counters = ws.counters;
   rp.tile_counters = ws.tile_counters;
   rp.num_tile_counters = H / 16 + (down_tail ? 1 : 0);  // (+ its CTAs done)
-  rp.error_flag = ws.status;
+  rp.error_flag = dispatch_flag != nullptr ? dispatch_flag : ws.status;
   rp.trace = trace;
   return rp;
 }
@@ -201,7 +201,7 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
       }
       if (l.early_shared > 0) {
         p.early_shared = l.early_shared;
-        p.first_shared_expert = E;
+        p.first_shared_expert = slice_count;
         p.tokens = tokens;
         p.slots = slots;
       }
@@ -247,7 +247,7 @@ void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x
   p.tokens = pl.tokens;
   p.hidden = H;
   p.inter = I;
-  p.rows = E + (pl.fused ? S : 0);
+  p.rows = slice_count + (pl.fused ? S : 0);
   p.slots = pl.slots;
   p.max_tokens = opt.max_tokens;
   p.x = static_cast<const __nv_bfloat16*>(x);
@@ -264,7 +264,7 @@ void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x
   p.shared_partial = shared_unfused ? ws.shared_partial : nullptr;
   p.shared_scale = shared_unfused ? ws.shared_scale : nullptr;
   p.y = static_cast<__nv_bfloat16*>(y);
-  p.error_flag = ws.status;
+  p.error_flag = dispatch_flag != nullptr ? dispatch_flag : ws.status;
   p.workspace = ws.prefill;
   p.workspace_bytes = ws.prefill_bytes;
   launch_prefill_experts(p, st);

@@ -64,6 +64,11 @@ struct LayerWorkspace {
   int* tile_counters = nullptr;
   void* prefill = nullptr;  // the prefill path's, where a plan up to max_tokens takes it
   size_t prefill_bytes = 0;
+  // the engine API's: a routing of [T, k] before its expansion, and the word where the dispatch
+  // of an expert slice flags the pairs it drops (another rank's, not an error)
+  int32_t* topk_ids = nullptr;
+  float* topk_weights = nullptr;
+  int* dropped = nullptr;
 };
 
 // Makes `device` current for its scope and restores the caller's device after (the library
@@ -101,6 +106,11 @@ struct GpuMoeLayer::Impl {
   unsigned long long* trace = nullptr;           // set_trace: kernel timeline words, or null
   // false: a forward leaves the shared expert out (the engine API's experts() without it)
   bool add_shared = true;
+  // The routed experts the weight stacks hold as rows 0..slice_count-1 (then the fused slots):
+  // E for the owning layer; an engine's expert slice (src/cuda/engine/) holds fewer.
+  int slice_count = 0;
+  // Where the dispatch (align step, prefill plan) flags a pair it drops; null: ws.status.
+  int* dispatch_flag = nullptr;
   // plans by (tokens, fusion asked for, self-routing allowed): planned once, outside any graph
   // capture's hot path
   mutable std::unordered_map<long long, plan::LayerPlan> plans;

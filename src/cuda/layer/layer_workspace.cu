@@ -49,6 +49,9 @@ size_t GpuMoeLayer::Impl::carve_workspace(void* base, LayerWorkspace* out) const
   take(w.shared_partial, has_shared ? tm * H : 0);
   take(w.counters, 1);
   take(w.tile_counters, H / 16 + 1);  // + the down tail's CTAs done
+  take(w.topk_ids, tm * K);
+  take(w.topk_weights, tm * K);
+  take(w.dropped, 1);
   unsigned char* prefill = nullptr;
   take(prefill, prefill_bytes);
   w.prefill = prefill;
