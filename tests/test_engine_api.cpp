@@ -204,6 +204,37 @@ TEST(EngineApiView, ViewOnlyWithFusedSlotsRunsFused) {
                {"fuse off needs the unfused shared MLP", "only the fused slots"});
 }
 
+TEST(EngineApiView, TheSharedExpertLeftOutOnRequest) {
+  const MoeSpec spec = engine_spec("qwen2-57b-a14b");  // gated shared expert
+  const auto lw = make_random_weights(spec, spec.moe_layers.front(), 10);
+  const EngineStacks st = make_stacks(*lw);
+  const int tokens = 5, k = spec.top_k;
+  const std::vector<Bf16> x = random_input(tokens, spec.hidden, 4, 1.0f);
+  MoeOptions opt;
+  opt.cpu_backend = CpuBackend::Reference;
+  MoeOp op(spec, opt);
+  std::vector<int32_t> ids(tokens * k);
+  std::vector<float> w(ids.size());
+  op.route(st.view, x.data(), tokens, ids.data(), w.data(), nullptr, nullptr, 0, nullptr);
+  ExpertsOptions eo;
+  eo.add_shared = false;
+  std::vector<Bf16> y(x.size());
+  op.experts(st.view, x.data(), ids.data(), w.data(), y.data(), tokens, eo, nullptr, 0, nullptr);
+  const std::vector<float> logits = cpu_reference::router_logits(*lw, x.data(), tokens);
+  const Routing r = cpu_reference::route(RoutingConfig::from_spec(spec, false), logits.data(),
+                                         tokens, lw->correction_bias());
+  expect_same_bits(y, to_bf16(cpu_reference::experts(*lw, x.data(), tokens, r, false)),
+                   "routed experts only");
+  // a view holding no form of the shared expert leaves it out of forward too
+  StackOptions so;
+  so.fused_slots = false;
+  so.unfused_shared = false;
+  const EngineStacks bare = make_stacks(*lw, so);
+  std::vector<Bf16> y2(x.size());
+  op.forward(bare.view, x.data(), y2.data(), tokens, nullptr, 0, nullptr);
+  expect_same_bits(y2, y, "a view without the shared expert");
+}
+
 TEST(EngineApiView, BadViewsNameTheProblem) {
   const MoeSpec spec = engine_spec("gpt-oss-120b");  // router bias, expert biases
   const auto lw = make_random_weights(spec, spec.moe_layers.front(), 2);
