@@ -25,7 +25,6 @@
 // activations elsewhere; the down projection always uses fp32 activations.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/fast/fast_common.h"
 #include "cpu/fast/kernels.h"
 #include "cpu/fast/thread_pool.h"
 #include "moekit/cpu_fast.h"
@@ -128,22 +128,9 @@ int resolve_threads(int requested) {
 namespace {
 
 using detail::Kernels;
-
-const Kernels& kernels_for(Isa isa) {
-  switch (isa) {
-    case Isa::Avx512:
-      return detail::avx512_kernels();
-    case Isa::Avx2:
-      return detail::avx2_kernels();
-    default:
-      return detail::portable_kernels();
-  }
-}
-
-// Runs fn(index, participants) on `threads` threads of the global pool.
-void parallel(int threads, const std::function<void(int, int)>& fn) {
-  detail::global_pool().run(threads, fn);
-}
+using detail::kernels_for;
+using detail::parallel;
+using detail::run_units;
 
 // [n*p/P, n*(p+1)/P): the slice of n items participant p of P owns.
 inline int slice_begin(int n, int p, int parts) {
@@ -240,15 +227,6 @@ std::vector<Unit> make_units(const std::vector<Job>& jobs, Extent extent, RowByt
     }
   }
   return units;
-}
-
-// Runs fn(unit) for every unit in [0, count) on `threads` threads, units handed out in order.
-void run_units(int threads, size_t count, const std::function<void(size_t)>& fn) {
-  if (count == 0) return;
-  std::atomic<size_t> next{0};
-  parallel(static_cast<int>(std::min<size_t>(threads, count)), [&](int, int) {
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;) fn(i);
-  });
 }
 
 }  // namespace
@@ -529,51 +507,6 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
     }
   });
   return y;
-}
-
-// ---------------------------------------------------------------- read bandwidth
-
-namespace {
-// 4 MiB chunks taken dynamically, like the layer's units: a descheduled thread does not hold the
-// others up, so the probe and the layer are measured the same way.
-constexpr size_t kProbeChunk = (size_t{4} << 20) / sizeof(float);
-}  // namespace
-
-ReadProbe::ReadProbe(size_t bytes, Isa isa)
-    : count_(bytes / sizeof(float)), isa_(resolve_isa(isa)) {
-  MK_CHECK(bytes >= 1024, "expected a probe buffer of >= 1 KiB, got " << bytes << " bytes");
-  // Not std::vector<float>(count): its zero-fill would first-touch every page on this thread.
-  data_ = new float[count_];
-  const size_t chunks = (count_ + kProbeChunk - 1) / kProbeChunk;
-  run_units(resolve_threads(0), chunks, [&](size_t c) {
-    const size_t b = c * kProbeChunk, e = std::min(count_, b + kProbeChunk);
-    std::memset(data_ + b, 0, (e - b) * sizeof(float));
-  });
-}
-
-ReadProbe::~ReadProbe() { delete[] data_; }
-
-double ReadProbe::pass(int threads) {
-  const Kernels& kern = kernels_for(isa_);
-  const size_t chunks = (count_ + kProbeChunk - 1) / kProbeChunk;
-  std::vector<float> sums(chunks);
-  const auto t0 = std::chrono::steady_clock::now();
-  run_units(resolve_threads(threads), chunks, [&](size_t c) {
-    const size_t b = c * kProbeChunk, e = std::min(count_, b + kProbeChunk);
-    sums[c] = kern.read_sum(data_ + b, e - b);
-  });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (float v : sums) sink_ += v;  // keeps the sums alive
-  return static_cast<double>(bytes()) / s;
-}
-
-double measure_read_bandwidth(size_t bytes, int threads, int repeats, Isa isa) {
-  MK_CHECK(repeats >= 1, "expected repeats >= 1, got " << repeats);
-  ReadProbe probe(bytes, isa);
-  probe.pass(threads);  // warm-up
-  double best = 0.0;
-  for (int rep = 0; rep < repeats; ++rep) best = std::max(best, probe.pass(threads));
-  return best;
 }
 
 }  // namespace moekit::cpu_fast
