@@ -1,7 +1,6 @@
 // MoeOp (include/moekit/moe.h): validation, the fusion a call runs with, and the host views'
 // calls on the CPU backends (ViewLayerWeights: the borrowed weights, nothing copied). Device
 // views go to the CUDA side (gpu_hooks.h) after the same validation.
-#include <cstring>
 #include <vector>
 
 #include "engine/gpu_hooks.h"
