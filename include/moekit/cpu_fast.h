@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "moekit/layer.h"
 
@@ -49,6 +50,17 @@ struct FastOptions {
 // parallel) if they were not already.
 ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
                       const FastOptions& opt = {});
+
+// The forward's two halves, for callers with their own routing (moekit/moe.h):
+// router_logits: logits [tokens, router_columns] fp32 (router bias added), accumulated in double.
+std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int tokens,
+                                 const FastOptions& opt = {});
+// experts: cpu_reference::experts' contract (the k routed ids then any fused slots per token,
+// add_shared for the unfused shared MLP, routed experts outside [held_begin, held_end) skipped)
+// at this backend's speed; empty r.shared_scale means 1.
+std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, const Routing& r,
+                           bool add_shared, const FastOptions& opt = {}, int held_begin = 0,
+                           int held_end = -1);
 
 // Threads a forward with opt.threads = `requested` uses (0 = all cores).
 int resolve_threads(int requested);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moekit/layer.h"
+#include "moekit/moe.h"
 #include "moekit/plan.h"
 #include "moekit/spec.h"
 #include "moekit/weights.h"
@@ -22,9 +23,9 @@ struct CUstream_st;  // cudaStream_t == CUstream_st*
 
 namespace moekit::cuda {
 
-// Whether a usable GPU is present (a device of compute capability 9.x, which moekit's sm_90a
-// binary runs on). When not, *why says which check failed.
-bool available(std::string* why = nullptr);
+// Whether GPU `device` is usable (it exists and has compute capability 9.x, which moekit's
+// sm_90a binary runs on). When not, *why says which check failed.
+bool available(std::string* why = nullptr, int device = 0);
 
 // The plan's facts of GPU `device` (its SM count and architecture); throws without a GPU.
 plan::DeviceInfo live_device_info(int device = 0);
@@ -34,7 +35,7 @@ struct GpuLayerOptions {
   int max_tokens = 256;
   // Default fusion of forward_device(x, y, T, stream); auto: the plan's rule (plan_layer).
   FuseShared fuse = FuseShared::Auto;
-  int device = 0;
+  int device = 0;  // every call makes it current and restores the caller's device after
   // Knobs of the plan (moekit/plan.h), read at creation; the library reads no environment
   // (the CLI fills them with plan::plan_overrides_from_env).
   plan::PlanOverrides overrides;
@@ -78,6 +79,11 @@ class GpuMoeLayer {
   // and no allocation: capturable in a CUDA graph. tokens <= max_tokens (throws otherwise).
   void forward_device(const void* x, void* y, int tokens, FuseShared fuse, CUstream_st* stream);
   void forward_device(const void* x, void* y, int tokens, CUstream_st* stream);
+
+  // What the device saw since creation or the last clear: an expert id outside [0, E + S) that
+  // a forward's dispatch dropped (forward_device's outputs of that call are then undefined).
+  // Synchronises `stream`.
+  MoeStatus read_status(CUstream_st* stream = nullptr, bool clear = true);
 
   // Captures one forward in a CUDA graph and counts its nodes (the benchmark's "launches").
   LaunchCount count_launches(int tokens, bool fused);

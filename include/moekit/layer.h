@@ -47,6 +47,14 @@ void expert_forward(const MoeSpec& spec, const ExpertView& ex, const Bf16* x, fl
 // The unfused shared MLP on one token (before its gate scale).
 void shared_forward(const LayerWeights& w, const Bf16* x, float* out);
 
+// The experts and the combine on a routing `r` (r.slots per token: the k routed ids, then the
+// fused slots E..E+S-1 when it holds them): y[t] = sum_s w[t,s] * E_id(x_t), plus
+// r.shared_scale[t] * shared(x_t) when add_shared (unfused). Routed experts outside
+// [held_begin, held_end) (-1: E) are skipped, their pairs left to the rank that holds them.
+// Throws naming an id outside [0, E + fused slots).
+std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, const Routing& r,
+                           bool add_shared, int held_begin = 0, int held_end = -1);
+
 // The whole layer. fuse: Off runs the shared expert as its own MLP; On runs it as S slots of the
 // routed experts (throws if the spec cannot fuse); Auto = On when fusable.
 ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse);

@@ -48,14 +48,19 @@ class LayerWeights {
   int layer() const { return layer_; }
 
   DType router_dtype() const { return spec_.router_dtype; }
-  const void* router_weight() const { return router_weight_.data(); }  // [router_columns, H]
-  const float* router_bias() const { return router_bias_.empty() ? nullptr : router_bias_.data(); }
-  const float* correction_bias() const {
+  // Virtual so that a view of borrowed memory (moekit/moe.h: ViewLayerWeights) can answer them.
+  virtual const void* router_weight() const { return router_weight_.data(); }  // [cols, H]
+  virtual const float* router_bias() const {
+    return router_bias_.empty() ? nullptr : router_bias_.data();
+  }
+  virtual const float* correction_bias() const {
     return correction_bias_.empty() ? nullptr : correction_bias_.data();
   }
 
-  const Bf16* shared_w13() const { return shared_w13_.empty() ? nullptr : shared_w13_.data(); }
-  const Bf16* shared_w2() const { return shared_w2_.empty() ? nullptr : shared_w2_.data(); }
+  virtual const Bf16* shared_w13() const {
+    return shared_w13_.empty() ? nullptr : shared_w13_.data();
+  }
+  virtual const Bf16* shared_w2() const { return shared_w2_.empty() ? nullptr : shared_w2_.data(); }
 
   // Routed expert (e < E) or fused shared slot (E <= e < E + shared_slots()).
   // Thread-safe; materialises on first use; the pointers stay valid for the object's life.

@@ -221,6 +221,75 @@ void shared_forward(const LayerWeights& w, const Bf16* x, float* out) {
   for (int h = 0; h < spec.hidden; ++h) out[h] = static_cast<float>(yd[h]);
 }
 
+std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, const Routing& r,
+                           bool add_shared, int held_begin, int held_end) {
+  const MoeSpec& spec = w.spec();
+  const int hidden = spec.hidden;
+  const int E = spec.num_experts;
+  if (held_end < 0) held_end = E;
+  MK_CHECK(0 <= held_begin && held_begin <= held_end && held_end <= E,
+           "expected a held expert range inside [0, " << E << "], got [" << held_begin << ", "
+                                                       << held_end << ")");
+  MK_CHECK(r.tokens == tokens && r.ids.size() == static_cast<size_t>(tokens) * r.slots &&
+               r.weights.size() == r.ids.size(),
+           "expected a routing of " << tokens << " tokens, got " << r.tokens << " tokens, "
+                                    << r.ids.size() << " ids, " << r.weights.size()
+                                    << " weights of " << r.slots << " slots");
+  const int fused_slots = r.slots - spec.top_k;
+  MK_CHECK(fused_slots == 0 || fused_slots == spec.shared_slots(),
+           "expected " << spec.top_k << " or " << spec.top_k + spec.shared_slots()
+                       << " slots per token, got " << r.slots);
+  MK_CHECK(!add_shared || fused_slots == 0,
+           "the shared expert runs fused (the routing holds its slots) or unfused, not both");
+
+  // Look every used expert up once, here on the calling thread: materialisation (and any error it
+  // raises) happens before the parallel part, which then only reads. Routed experts outside the
+  // held range are skipped (another rank computes them).
+  const int rows = E + fused_slots;
+  auto held = [&](int32_t id) { return id >= E || (id >= held_begin && id < held_end); };
+  std::vector<bool> used(rows, false);
+  for (int32_t id : r.ids) {
+    MK_CHECK(id >= 0 && id < rows,
+             "routing picked expert " << id << ", expected [0, " << rows << ")");
+    used[id] = held(id);
+  }
+  std::vector<MlpView> views(rows);
+  for (int e = 0; e < rows; ++e) {
+    if (!used[e]) continue;
+    const ExpertView ex = w.expert(e);
+    if (spec.has_expert_bias && e < spec.num_experts) {
+      MK_CHECK(ex.b13 != nullptr && ex.b2 != nullptr,
+               spec.name << " has expert biases but expert " << e << " holds none");
+    }
+    views[e] = expert_view(spec, ex);
+  }
+  const MlpView shared = add_shared ? shared_view(w) : MlpView{};
+  MK_CHECK(!add_shared || r.shared_scale.size() == static_cast<size_t>(tokens),
+           "expected " << tokens << " shared scales, got " << r.shared_scale.size());
+
+  std::vector<float> y(static_cast<size_t>(tokens) * hidden, 0.0f);
+  parallel_for(tokens, [&](int t) {
+    const std::vector<double> xt = to_double(x + static_cast<size_t>(t) * hidden, hidden);
+    std::vector<double> acc(hidden, 0.0), out(hidden);
+    for (int s = 0; s < r.slots; ++s) {
+      const size_t slot = static_cast<size_t>(t) * r.slots + s;
+      if (!used[r.ids[slot]]) continue;
+      mlp_forward(spec, views[r.ids[slot]], xt.data(), out.data());
+      // The weight multiplies the whole expert output, down bias included (gpt-oss).
+      const double weight = r.weights[slot];
+      for (int h = 0; h < hidden; ++h) acc[h] += weight * out[h];
+    }
+    if (add_shared) {
+      mlp_forward(spec, shared, xt.data(), out.data());
+      const double scale = r.shared_scale[t];
+      for (int h = 0; h < hidden; ++h) acc[h] += scale * out[h];
+    }
+    float* yt = y.data() + static_cast<size_t>(t) * hidden;
+    for (int h = 0; h < hidden; ++h) yt[h] = static_cast<float>(acc[h]);
+  });
+  return y;
+}
+
 ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse) {
   const MoeSpec& spec = w.spec();
   const int hidden = spec.hidden;
@@ -237,49 +306,8 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
   const RoutingConfig cfg = RoutingConfig::from_spec(spec, fused);
   const std::vector<float> logits = router_logits(w, x, tokens);
   result.routing = route(cfg, logits.data(), tokens, w.correction_bias());
-  const Routing& r = result.routing;
-
-  // Look every used expert up once, here on the calling thread: materialisation (and any error it
-  // raises) happens before the parallel part, which then only reads.
-  const int rows = spec.weight_rows(fused);
-  std::vector<bool> used(rows, false);
-  for (int32_t id : r.ids) {
-    MK_CHECK(id >= 0 && id < rows,
-             "routing picked expert " << id << ", expected [0, " << rows << ")");
-    used[id] = true;
-  }
-  std::vector<MlpView> views(rows);
-  for (int e = 0; e < rows; ++e) {
-    if (!used[e]) continue;
-    const ExpertView ex = w.expert(e);
-    if (spec.has_expert_bias && e < spec.num_experts) {
-      MK_CHECK(ex.b13 != nullptr && ex.b2 != nullptr,
-               spec.name << " has expert biases but expert " << e << " holds none");
-    }
-    views[e] = expert_view(spec, ex);
-  }
   const bool add_shared = !fused && spec.shared_kind != SharedKind::None;
-  const MlpView shared = add_shared ? shared_view(w) : MlpView{};
-
-  result.y.assign(static_cast<size_t>(tokens) * hidden, 0.0f);
-  parallel_for(tokens, [&](int t) {
-    const std::vector<double> xt = to_double(x + static_cast<size_t>(t) * hidden, hidden);
-    std::vector<double> acc(hidden, 0.0), out(hidden);
-    for (int s = 0; s < r.slots; ++s) {
-      const size_t slot = static_cast<size_t>(t) * r.slots + s;
-      mlp_forward(spec, views[r.ids[slot]], xt.data(), out.data());
-      // The weight multiplies the whole expert output, down bias included (gpt-oss).
-      const double weight = r.weights[slot];
-      for (int h = 0; h < hidden; ++h) acc[h] += weight * out[h];
-    }
-    if (add_shared) {
-      mlp_forward(spec, shared, xt.data(), out.data());
-      const double scale = r.shared_scale[t];
-      for (int h = 0; h < hidden; ++h) acc[h] += scale * out[h];
-    }
-    float* yt = result.y.data() + static_cast<size_t>(t) * hidden;
-    for (int h = 0; h < hidden; ++h) yt[h] = static_cast<float>(acc[h]);
-  });
+  result.y = experts(w, x, tokens, result.routing, add_shared);
   return result;
 }
 

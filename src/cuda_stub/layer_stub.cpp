@@ -11,7 +11,7 @@ namespace {
 }
 }  // namespace
 
-bool available(std::string* why) {
+bool available(std::string* why, int) {
   if (why) *why = "moekit was built without CUDA (configure with -DMOEKIT_CUDA=ON)";
   return false;
 }
@@ -49,6 +49,7 @@ LaunchCount GpuMoeLayer::count_launches(int, bool) { no_cuda("GpuMoeLayer::count
 
 std::vector<float> GpuMoeLayer::last_logits(int) const { no_cuda("GpuMoeLayer::last_logits"); }
 void GpuMoeLayer::set_trace(unsigned long long*) { no_cuda("GpuMoeLayer::set_trace"); }
+MoeStatus GpuMoeLayer::read_status(CUstream_st*, bool) { no_cuda("GpuMoeLayer::read_status"); }
 Routing route_on_device(const RoutingConfig&, const float*, int, const float*, int, GpuDispatch*) {
   no_cuda("cuda::route_on_device");
 }

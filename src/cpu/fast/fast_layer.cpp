@@ -25,7 +25,6 @@
 // activations elsewhere; the down projection always uses fp32 activations.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/fast/fast_common.h"
 #include "cpu/fast/kernels.h"
 #include "cpu/fast/thread_pool.h"
 #include "moekit/cpu_fast.h"
@@ -128,22 +128,9 @@ int resolve_threads(int requested) {
 namespace {
 
 using detail::Kernels;
-
-const Kernels& kernels_for(Isa isa) {
-  switch (isa) {
-    case Isa::Avx512:
-      return detail::avx512_kernels();
-    case Isa::Avx2:
-      return detail::avx2_kernels();
-    default:
-      return detail::portable_kernels();
-  }
-}
-
-// Runs fn(index, participants) on `threads` threads of the global pool.
-void parallel(int threads, const std::function<void(int, int)>& fn) {
-  detail::global_pool().run(threads, fn);
-}
+using detail::kernels_for;
+using detail::parallel;
+using detail::run_units;
 
 // [n*p/P, n*(p+1)/P): the slice of n items participant p of P owns.
 inline int slice_begin(int n, int p, int parts) {
@@ -242,35 +229,15 @@ std::vector<Unit> make_units(const std::vector<Job>& jobs, Extent extent, RowByt
   return units;
 }
 
-// Runs fn(unit) for every unit in [0, count) on `threads` threads, units handed out in order.
-void run_units(int threads, size_t count, const std::function<void(size_t)>& fn) {
-  if (count == 0) return;
-  std::atomic<size_t> next{0};
-  parallel(static_cast<int>(std::min<size_t>(threads, count)), [&](int, int) {
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < count;) fn(i);
-  });
-}
-
 }  // namespace
 
-ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
-                      const FastOptions& opt) {
+std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int tokens,
+                                 const FastOptions& opt) {
   const MoeSpec& spec = w.spec();
   const int H = spec.hidden;
-  check_finite_input(x, tokens, H);
-  const Isa isa = resolve_isa(opt.isa);
-  const Kernels& kern = kernels_for(isa);
-  const bool bf16_dot = kern.dot_rows_bf16 != nullptr && opt.use_bf16_dot && cpu_has_avx512_bf16();
+  const Kernels& kern = kernels_for(resolve_isa(opt.isa));
   const int threads = resolve_threads(opt.threads);
-
-  const bool fused = fuse == FuseShared::On || (fuse == FuseShared::Auto && spec.can_fuse_shared());
-  const RoutingConfig cfg = RoutingConfig::from_spec(spec, fused);  // throws if On is impossible
-  check_forward_memory(w, tokens, fused);  // refuse before allocating, naming both sizes
-
-  ForwardResult result;
-  result.tokens = tokens;
-  result.hidden = H;
-  result.fused = fused;
+  MK_CHECK(tokens >= 0, "expected tokens >= 0, got " << tokens);
 
   // ---- router GEMM (double accumulation, like the reference, so both pick the same experts)
   const DType rdt = w.router_dtype();
@@ -282,14 +249,8 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
   const int C = spec.router_columns();
   const size_t TH = static_cast<size_t>(tokens) * H;
   thread_local std::vector<double> xd_buffer;
-  thread_local std::vector<float> xf_buffer, act_buffer, down_buffer;
   double* xd = scratch(xd_buffer, TH);
-  float* xf = bf16_dot ? nullptr : scratch(xf_buffer, TH);
-  for (size_t i = 0; i < TH; ++i) {
-    const float v = bf16_to_float(x[i]);
-    xd[i] = v;
-    if (xf) xf[i] = v;
-  }
+  for (size_t i = 0; i < TH; ++i) xd[i] = bf16_to_float(x[i]);
   std::vector<const double*> xd_rows(tokens);
   for (int t = 0; t < tokens; ++t) xd_rows[t] = xd + static_cast<size_t>(t) * H;
   std::vector<double> logits_d(static_cast<size_t>(tokens) * C);
@@ -315,25 +276,84 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
       logits[static_cast<size_t>(t) * C + c] = static_cast<float>(v);
     }
   }
+  return logits;
+}
+
+ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
+                      const FastOptions& opt) {
+  const MoeSpec& spec = w.spec();
+  check_finite_input(x, tokens, spec.hidden);
+  const bool fused = fuse == FuseShared::On || (fuse == FuseShared::Auto && spec.can_fuse_shared());
+  const RoutingConfig cfg = RoutingConfig::from_spec(spec, fused);  // throws if On is impossible
+  check_forward_memory(w, tokens, fused);  // refuse before allocating, naming both sizes
+
+  ForwardResult result;
+  result.tokens = tokens;
+  result.hidden = spec.hidden;
+  result.fused = fused;
+  const std::vector<float> logits = router_logits(w, x, tokens, opt);
   result.routing = cpu_reference::route(cfg, logits.data(), tokens, w.correction_bias());
-  const Routing& r = result.routing;
-  result.y.assign(TH, 0.0f);
-  if (tokens == 0) return result;
+  const bool add_shared = !fused && spec.shared_kind != SharedKind::None;
+  result.y = experts(w, x, tokens, result.routing, add_shared, opt);
+  return result;
+}
+
+std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, const Routing& r,
+                           bool add_shared, const FastOptions& opt, int held_begin,
+                           int held_end) {
+  const MoeSpec& spec = w.spec();
+  const int H = spec.hidden;
+  const int E = spec.num_experts;
+  const Isa isa = resolve_isa(opt.isa);
+  const Kernels& kern = kernels_for(isa);
+  const bool bf16_dot = kern.dot_rows_bf16 != nullptr && opt.use_bf16_dot && cpu_has_avx512_bf16();
+  const int threads = resolve_threads(opt.threads);
+  if (held_end < 0) held_end = E;
+  MK_CHECK(0 <= held_begin && held_begin <= held_end && held_end <= E,
+           "expected a held expert range inside [0, " << E << "], got [" << held_begin << ", "
+                                                       << held_end << ")");
+  MK_CHECK(r.tokens == tokens && r.ids.size() == static_cast<size_t>(tokens) * r.slots &&
+               r.weights.size() == r.ids.size(),
+           "expected a routing of " << tokens << " tokens, got " << r.tokens << " tokens, "
+                                    << r.ids.size() << " ids, " << r.weights.size()
+                                    << " weights of " << r.slots << " slots");
+  const int fused_slots = r.slots - spec.top_k;
+  MK_CHECK(fused_slots == 0 || fused_slots == spec.shared_slots(),
+           "expected " << spec.top_k << " or " << spec.top_k + spec.shared_slots()
+                       << " slots per token, got " << r.slots);
+  MK_CHECK(!add_shared || fused_slots == 0,
+           "the shared expert runs fused (the routing holds its slots) or unfused, not both");
+  MK_CHECK(!add_shared || r.shared_scale.empty() ||
+               r.shared_scale.size() == static_cast<size_t>(tokens),
+           "expected " << tokens << " shared scales, got " << r.shared_scale.size());
+  const size_t TH = static_cast<size_t>(tokens) * H;
+  std::vector<float> y(TH, 0.0f);
+  if (tokens == 0) return y;
+  thread_local std::vector<float> xf_buffer, act_buffer, down_buffer;
+  float* xf = bf16_dot ? nullptr : scratch(xf_buffer, TH);
+  if (xf) {
+    for (size_t i = 0; i < TH; ++i) xf[i] = bf16_to_float(x[i]);
+  }
 
   // ---- group (token, slot) pairs by expert: counting sort, ascending expert id
-  const int rows = spec.weight_rows(fused);  // E + S: the fused slots are experts too
+  const int rows = E + fused_slots;  // E + S: the fused slots are experts too
+  // routed experts outside [held_begin, held_end) are another rank's: their pairs are skipped
+  auto held = [&](int32_t id) { return id >= E || (id >= held_begin && id < held_end); };
   std::vector<int> count(rows, 0);
+  size_t held_pairs = 0;
   for (int32_t id : r.ids) {
     MK_CHECK(id >= 0 && id < rows,
              "routing picked expert " << id << ", expected [0, " << rows << ")");
-    ++count[id];
+    if (held(id)) {
+      ++count[id];
+      ++held_pairs;
+    }
   }
   std::vector<int> used;
   for (int e = 0; e < rows; ++e) {
     if (count[e] > 0) used.push_back(e);
   }
-  const bool add_shared = !fused && spec.shared_kind != SharedKind::None;
-  const size_t pairs = r.ids.size() + (add_shared ? tokens : 0);
+  const size_t pairs = held_pairs + (add_shared ? tokens : 0);
   std::vector<int> tok(pairs);
   std::vector<float> wt(pairs);
   std::vector<Job> jobs(used.size() + (add_shared ? 1 : 0));
@@ -349,6 +369,7 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
     for (int t = 0; t < tokens; ++t) {
       for (int s = 0; s < r.slots; ++s) {
         const size_t slot = static_cast<size_t>(t) * r.slots + s;
+        if (!held(r.ids[slot])) continue;
         const size_t at = cursor[r.ids[slot]]++;
         tok[at] = t;
         wt[at] = r.weights[slot];
@@ -475,7 +496,7 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
       for (int j = 0; j < job.count; ++j) {
         const size_t pair = job.first + j;
         const float weight = wt[pair];
-        float* yt = result.y.data() + static_cast<size_t>(tok[pair]) * H;
+        float* yt = y.data() + static_cast<size_t>(tok[pair]) * H;
         const float* o = down + pair * H;
         if (job.b_down) {
           for (int h = h0; h < h1; ++h) yt[h] += weight * (o[h] + job.b_down[h]);
@@ -485,52 +506,7 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
       }
     }
   });
-  return result;
-}
-
-// ---------------------------------------------------------------- read bandwidth
-
-namespace {
-// 4 MiB chunks taken dynamically, like the layer's units: a descheduled thread does not hold the
-// others up, so the probe and the layer are measured the same way.
-constexpr size_t kProbeChunk = (size_t{4} << 20) / sizeof(float);
-}  // namespace
-
-ReadProbe::ReadProbe(size_t bytes, Isa isa)
-    : count_(bytes / sizeof(float)), isa_(resolve_isa(isa)) {
-  MK_CHECK(bytes >= 1024, "expected a probe buffer of >= 1 KiB, got " << bytes << " bytes");
-  // Not std::vector<float>(count): its zero-fill would first-touch every page on this thread.
-  data_ = new float[count_];
-  const size_t chunks = (count_ + kProbeChunk - 1) / kProbeChunk;
-  run_units(resolve_threads(0), chunks, [&](size_t c) {
-    const size_t b = c * kProbeChunk, e = std::min(count_, b + kProbeChunk);
-    std::memset(data_ + b, 0, (e - b) * sizeof(float));
-  });
-}
-
-ReadProbe::~ReadProbe() { delete[] data_; }
-
-double ReadProbe::pass(int threads) {
-  const Kernels& kern = kernels_for(isa_);
-  const size_t chunks = (count_ + kProbeChunk - 1) / kProbeChunk;
-  std::vector<float> sums(chunks);
-  const auto t0 = std::chrono::steady_clock::now();
-  run_units(resolve_threads(threads), chunks, [&](size_t c) {
-    const size_t b = c * kProbeChunk, e = std::min(count_, b + kProbeChunk);
-    sums[c] = kern.read_sum(data_ + b, e - b);
-  });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (float v : sums) sink_ += v;  // keeps the sums alive
-  return static_cast<double>(bytes()) / s;
-}
-
-double measure_read_bandwidth(size_t bytes, int threads, int repeats, Isa isa) {
-  MK_CHECK(repeats >= 1, "expected repeats >= 1, got " << repeats);
-  ReadProbe probe(bytes, isa);
-  probe.pass(threads);  // warm-up
-  double best = 0.0;
-  for (int rep = 0; rep < repeats; ++rep) best = std::max(best, probe.pass(threads));
-  return best;
+  return y;
 }
 
 }  // namespace moekit::cpu_fast

@@ -55,6 +55,9 @@ void GpuMoeLayer::Impl::init_shapes() {
   S = can_fuse ? spec.shared_slots() : 0;
   cfg_unfused = RoutingConfig::from_spec(spec, false);
   if (can_fuse) cfg_fused = RoutingConfig::from_spec(spec, true);
+  slice_count = E;
+  const size_t pairs = static_cast<size_t>(std::max(opt.max_tokens, 1)) * (K + S);
+  max_tasks = max_routed_tasks(static_cast<int>(pairs), rows_fused(), 8);
 }
 
 namespace {
@@ -68,8 +71,7 @@ std::unique_ptr<GpuMoeLayer::Impl> make_impl(const MoeSpec& spec, int layer,
   impl->init_shapes();
   impl->validate();
   std::string why;
-  MK_CHECK(available(&why), "no usable GPU: " << why);
-  MK_CUDA_CHECK(cudaSetDevice(opt.device));
+  MK_CHECK(available(&why, opt.device), "no usable GPU: " << why);
   impl->device = live_device_info(opt.device);
   size_t free_b = 0, total_b = 0;
   MK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -80,20 +82,31 @@ std::unique_ptr<GpuMoeLayer::Impl> make_impl(const MoeSpec& spec, int layer,
                                              << " are free on device " << opt.device);
   MK_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   impl->allocate_weights();
-  impl->allocate_workspace();
   return impl;
 }
 
 }  // namespace
 
 GpuMoeLayer::GpuMoeLayer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-GpuMoeLayer::~GpuMoeLayer() = default;
+
+GpuMoeLayer::~GpuMoeLayer() {
+  if (impl_ == nullptr) return;
+  // frees the layer's memory and stream on its device, then restores the caller's
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  const int device = impl_->opt.device;
+  if (previous != device) MK_CUDA_WARN(cudaSetDevice(device));
+  impl_.reset();
+  if (previous >= 0 && previous != device) MK_CUDA_WARN(cudaSetDevice(previous));
+}
 
 std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create(const LayerWeights& w,
                                                  const GpuLayerOptions& opt) {
+  DeviceGuard guard(opt.device);
   auto impl = make_impl(w.spec(), w.layer(), opt);
   impl->upload(w);
   impl->prepare_kernels();
+  impl->allocate_workspace();
   MK_CUDA_CHECK(cudaStreamSynchronize(impl->stream));
   return std::unique_ptr<GpuMoeLayer>(new GpuMoeLayer(std::move(impl)));
 }
@@ -102,10 +115,12 @@ std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create_random(const MoeSpec& spec, int
                                                         uint64_t seed, const GpuLayerOptions& opt) {
   MK_CHECK(spec.is_moe_layer(layer),
            "layer " << layer << " of " << spec.name << " is not an MoE layer");
+  DeviceGuard guard(opt.device);
   auto impl = make_impl(spec, layer, opt);
   impl->fill_random(seed);
   if (impl->can_fuse) impl->repack_slots_on_device();
   impl->prepare_kernels();
+  impl->allocate_workspace();
   MK_CUDA_CHECK(cudaStreamSynchronize(impl->stream));
   return std::unique_ptr<GpuMoeLayer>(new GpuMoeLayer(std::move(impl)));
 }
@@ -126,6 +141,7 @@ plan::LayerPlan GpuMoeLayer::plan(int tokens, FuseShared fuse) const {
 
 void GpuMoeLayer::forward_device(const void* x, void* y, int tokens, FuseShared fuse,
                                  CUstream_st* stream) {
+  DeviceGuard guard(impl_->opt.device);
   impl_->forward_device(x, y, tokens, fuse, stream);
 }
 
@@ -138,7 +154,7 @@ ForwardResult GpuMoeLayer::forward(const Bf16* x, int tokens, FuseShared fuse) {
   MK_CHECK(tokens >= 0 && tokens <= m.opt.max_tokens,
            "expected 0 <= tokens <= max_tokens (" << m.opt.max_tokens << "), got " << tokens);
   check_finite_input(x, tokens, m.H);
-  MK_CUDA_CHECK(cudaSetDevice(m.opt.device));
+  DeviceGuard guard(m.opt.device);
   const bool fused = tokens > 0 && m.plan_for(tokens, fuse).fused;
   const int slots = m.K + (fused ? m.S : 0);
   const size_t n_x = static_cast<size_t>(tokens) * m.H;
@@ -155,11 +171,11 @@ ForwardResult GpuMoeLayer::forward(const Bf16* x, int tokens, FuseShared fuse) {
   // poison every output, so an unwritten element shows as NaN / -1
   MK_CUDA_CHECK(cudaMemcpyAsync(m.x_in.ptr, x, n_x * 2, cudaMemcpyHostToDevice, m.stream));
   MK_CUDA_CHECK(cudaMemsetAsync(m.y_out.ptr, 0xff, n_x * 2, m.stream));
-  MK_CUDA_CHECK(cudaMemsetAsync(m.ids.ptr, 0xff, n_pairs * 4, m.stream));
-  MK_CUDA_CHECK(cudaMemsetAsync(m.weights.ptr, 0xff, n_pairs * 4, m.stream));
+  MK_CUDA_CHECK(cudaMemsetAsync(m.ws.ids, 0xff, n_pairs * 4, m.stream));
+  MK_CUDA_CHECK(cudaMemsetAsync(m.ws.weights, 0xff, n_pairs * 4, m.stream));
   MK_CUDA_CHECK(
-      cudaMemsetAsync(m.shared_scale.ptr, 0xff, static_cast<size_t>(tokens) * 4, m.stream));
-  MK_CUDA_CHECK(cudaMemsetAsync(m.error_flag.ptr, 0, 4, m.stream));
+      cudaMemsetAsync(m.ws.shared_scale, 0xff, static_cast<size_t>(tokens) * 4, m.stream));
+  MK_CUDA_CHECK(cudaMemsetAsync(m.ws.status, 0, 4, m.stream));
   m.forward_device(m.x_in.ptr, m.y_out.ptr, tokens, fuse, m.stream);
 
   std::vector<uint16_t> y16(n_x);
@@ -168,14 +184,14 @@ ForwardResult GpuMoeLayer::forward(const Bf16* x, int tokens, FuseShared fuse) {
   int error = 0;
   MK_CUDA_CHECK(
       cudaMemcpyAsync(y16.data(), m.y_out.ptr, n_x * 2, cudaMemcpyDeviceToHost, m.stream));
-  MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.ids.data(), m.ids.ptr, n_pairs * 4,
+  MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.ids.data(), m.ws.ids, n_pairs * 4,
                                 cudaMemcpyDeviceToHost, m.stream));
-  MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.weights.data(), m.weights.ptr, n_pairs * 4,
+  MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.weights.data(), m.ws.weights, n_pairs * 4,
                                 cudaMemcpyDeviceToHost, m.stream));
-  MK_CUDA_CHECK(cudaMemcpyAsync(&error, m.error_flag.ptr, 4, cudaMemcpyDeviceToHost, m.stream));
+  MK_CUDA_CHECK(cudaMemcpyAsync(&error, m.ws.status, 4, cudaMemcpyDeviceToHost, m.stream));
   if (m.has_shared) {
     r.routing.shared_scale.resize(tokens);
-    MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.shared_scale.data(), m.shared_scale.ptr,
+    MK_CUDA_CHECK(cudaMemcpyAsync(r.routing.shared_scale.data(), m.ws.shared_scale,
                                   static_cast<size_t>(tokens) * 4, cudaMemcpyDeviceToHost,
                                   m.stream));
   }
@@ -189,7 +205,7 @@ ForwardResult GpuMoeLayer::forward(const Bf16* x, int tokens, FuseShared fuse) {
 
 LaunchCount GpuMoeLayer::count_launches(int tokens, bool fused) {
   Impl& m = *impl_;
-  MK_CUDA_CHECK(cudaSetDevice(m.opt.device));
+  DeviceGuard guard(m.opt.device);
   cudaGraph_t graph = nullptr;
   MK_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
   try {
@@ -220,6 +236,18 @@ LaunchCount GpuMoeLayer::count_launches(int tokens, bool fused) {
   return c;
 }
 
+MoeStatus GpuMoeLayer::read_status(CUstream_st* stream, bool clear) {
+  Impl& m = *impl_;
+  DeviceGuard guard(m.opt.device);
+  int word = 0;
+  MK_CUDA_CHECK(cudaMemcpyAsync(&word, m.ws.status, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  if (clear) MK_CUDA_CHECK(cudaMemsetAsync(m.ws.status, 0, sizeof(int), stream));
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MoeStatus s;
+  s.expert_id_out_of_range = (word & 1) != 0;
+  return s;
+}
+
 void GpuMoeLayer::set_trace(unsigned long long* words) { impl_->trace = words; }
 
 std::vector<float> GpuMoeLayer::last_logits(int tokens) const {
@@ -227,8 +255,8 @@ std::vector<float> GpuMoeLayer::last_logits(int tokens) const {
   MK_CHECK(tokens >= 0 && tokens <= m.opt.max_tokens,
            "expected 0 <= tokens <= max_tokens (" << m.opt.max_tokens << "), got " << tokens);
   std::vector<float> out(static_cast<size_t>(tokens) * m.cols);
-  MK_CUDA_CHECK(cudaSetDevice(m.opt.device));
-  MK_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.logits.ptr, out.size() * sizeof(float),
+  DeviceGuard guard(m.opt.device);
+  MK_CUDA_CHECK(cudaMemcpyAsync(out.data(), m.ws.logits, out.size() * sizeof(float),
                                 cudaMemcpyDeviceToHost, m.stream));
   MK_CUDA_CHECK(cudaStreamSynchronize(m.stream));
   return out;
@@ -257,7 +285,7 @@ plan::DeviceInfo live_device_info(int device) {
   return d;
 }
 
-bool available(std::string* why) {
+bool available(std::string* why, int device) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -271,16 +299,24 @@ bool available(std::string* why) {
     if (why) *why = "no CUDA device found";
     return false;
   }
+  if (device < 0 || device >= count) {
+    if (why) {
+      *why = "device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+             " CUDA device" + (count == 1 ? "" : "s") + ")";
+    }
+    return false;
+  }
   cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
     (void)cudaGetLastError();
-    if (why) *why = "cudaGetDeviceProperties(0) failed";
+    if (why) *why = "cudaGetDeviceProperties(" + std::to_string(device) + ") failed";
     return false;
   }
   if (prop.major != 9) {
     if (why) {
-      *why = std::string("device 0 (") + prop.name + ") is sm_" + std::to_string(prop.major) +
-             std::to_string(prop.minor) + "; moekit's kernels are built for sm_90a";
+      *why = "device " + std::to_string(device) + " (" + prop.name + ") is sm_" +
+             std::to_string(prop.major) + std::to_string(prop.minor) +
+             "; moekit's kernels are built for sm_90a";
     }
     return false;
   }

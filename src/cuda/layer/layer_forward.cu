@@ -38,11 +38,16 @@ void record_instance(int kernel, ExpertsParams& p) {
 
 }  // namespace
 
-const plan::LayerPlan& GpuMoeLayer::Impl::plan_for(int tokens, FuseShared fuse) const {
-  const long long key = static_cast<long long>(tokens) * 3 + static_cast<int>(fuse);
+const plan::LayerPlan& GpuMoeLayer::Impl::plan_for(int tokens, FuseShared fuse,
+                                                    bool self_route) const {
+  const long long key =
+      (static_cast<long long>(tokens) * 3 + static_cast<int>(fuse)) * 2 + (self_route ? 1 : 0);
   auto it = plans.find(key);
   if (it == plans.end()) {
-    it = plans.emplace(key, plan::plan_layer(spec, tokens, fuse, opt.overrides, device)).first;
+    plan::PlanOverrides o = opt.overrides;
+    // (a caller's own routing, the engine API's experts(): no gate/up kernel routes its token)
+    if (!self_route) o.self_route_tokens = 0;
+    it = plans.emplace(key, plan::plan_layer(spec, tokens, fuse, o, device)).first;
     if (opt.overrides.print) std::cerr << plan::describe(it->second);
   }
   return it->second;
@@ -58,61 +63,81 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
   MK_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0,
            "forward_device: x and y must be 16-byte aligned (x " << x << ", y " << y << ")");
   const plan::LayerPlan& pl = plan_for(tokens, fuse);
-  const int s_run = pl.fused ? S : 0;
-  const int slots = pl.slots;
-  const bool shared_unfused = has_shared && !pl.fused;
-  auto* ctr = counters.as<DispatchCounters>();
-  // (the routed down launch, the last; the prefill path has none)
-  const bool down_tail = !pl.experts.empty() && pl.experts.back().down_tail_percent > 0;
+  launch_dense_shared(pl, x, st);
+  launch_router_gemm(pl, x, st);
+  const RoutingParams rp = routing_params(pl);
+  if (pl.routing_kernel) launch_routing(rp, st, pl.pdl);
+  launch_experts(pl, rp, x, y, st);
+}
 
-  // 0. the dense shared MLP: it needs x only, so it goes first and leaves the chain of
-  // programmatic launches from the router GEMM to the down kernel as it is
-  if (pl.dense_shared) {
-    MK_CHECK(shared_dense != nullptr, "the plan runs the dense shared MLP, which is not prepared");
-    SharedActivation act{spec.activation, spec.swiglu_limit, spec.swiglu_alpha, spec.swiglu_beta};
-    shared_dense->forward(static_cast<const __nv_bfloat16*>(x), shared_w13.as<__nv_bfloat16>(),
-                          shared_w2.as<__nv_bfloat16>(), tokens, act, shared_h.as<__nv_bfloat16>(),
-                          shared_partial.as<float>(), st);
-  }
+// 0. the dense shared MLP: it needs x only, so it goes first and leaves the chain of
+// programmatic launches from the router GEMM to the down kernel as it is
+void GpuMoeLayer::Impl::launch_dense_shared(const plan::LayerPlan& pl, const void* x,
+                                            cudaStream_t st) {
+  if (!pl.dense_shared || !add_shared) return;
+  MK_CHECK(shared_dense != nullptr, "the plan runs the dense shared MLP, which is not prepared");
+  MK_CHECK(wp.shared_w13 != nullptr && wp.shared_w2 != nullptr,
+           "the plan runs the unfused shared MLP, but its weights are missing");
+  SharedActivation act{spec.activation, spec.swiglu_limit, spec.swiglu_alpha, spec.swiglu_beta};
+  shared_dense->forward(static_cast<const __nv_bfloat16*>(x), wp.shared_w13, wp.shared_w2,
+                        pl.tokens, act, ws.shared_h, ws.shared_partial, st);
+}
 
-  // 1. router GEMM
+// 1. router GEMM
+void GpuMoeLayer::Impl::launch_router_gemm(const plan::LayerPlan& pl, const void* x,
+                                           cudaStream_t st) {
   RouterGemmProblem rg;
-  rg.m = tokens;
+  rg.m = pl.tokens;
   rg.n = cols;
   rg.k = H;
   rg.weight_dtype = spec.router_dtype;
   rg.x = x;
-  rg.weight = router_w.ptr;
-  rg.bias = spec.has_router_bias ? router_bias.as<float>() : nullptr;
-  rg.out = logits.as<float>();
+  rg.weight = wp.router_w;
+  rg.bias = spec.has_router_bias ? wp.router_bias : nullptr;
+  rg.out = ws.logits;
   rg.trace = trace;
   router_gemm(rg, pl.router.config, st);
+}
 
-  // 2. routing + dispatch
+// 2. routing + dispatch, from the workspace's logits into its ids, weights and lists
+RoutingParams GpuMoeLayer::Impl::routing_params(const plan::LayerPlan& pl) const {
+  const bool shared_unfused = has_shared && !pl.fused && add_shared;
+  // (the routed down launch, the last; the prefill path has none)
+  const bool down_tail = !pl.experts.empty() && pl.experts.back().down_tail_percent > 0;
   RoutingParams rp;
   rp.cfg = pl.fused ? cfg_fused : cfg_unfused;
-  rp.tokens = tokens;
-  rp.logits = logits.as<float>();
-  rp.correction_bias = spec.has_correction_bias ? corr_bias.as<float>() : nullptr;
-  rp.ids = ids.as<int32_t>();
-  rp.weights = weights.as<float>();
-  rp.shared_scale = has_shared ? shared_scale.as<float>() : nullptr;
+  rp.tokens = pl.tokens;
+  rp.logits = ws.logits;
+  rp.correction_bias = spec.has_correction_bias ? wp.corr_bias : nullptr;
+  rp.ids = ws.ids;
+  rp.weights = ws.weights;
+  rp.shared_scale = has_shared ? ws.shared_scale : nullptr;
   rp.dispatch = pl.routing_dispatch;
-  rp.weight_rows = E + s_run;
+  rp.weight_rows = slice_count + (pl.fused ? S : 0);
   rp.chunk = pl.chunk;
-  rp.pair_list = pair_list.as<int>();
-  rp.tasks = tasks.as<ExpertTask>();
-  rp.shared_tasks = shared_unfused && !pl.dense_shared ? shared_tasks.as<ExpertTask>() : nullptr;
-  rp.counters = ctr;
-  rp.tile_counters = tile_counters.as<int>();
+  rp.pair_list = ws.pair_list;
+  rp.tasks = ws.tasks;
+  rp.shared_tasks = shared_unfused && !pl.dense_shared ? ws.shared_tasks : nullptr;
+  rp.counters = ws.counters;
+  rp.tile_counters = ws.tile_counters;
   rp.num_tile_counters = H / 16 + (down_tail ? 1 : 0);  // (+ its CTAs done)
-  rp.error_flag = error_flag.as<int>();
+  rp.error_flag = dispatch_flag != nullptr ? dispatch_flag : ws.status;
   rp.trace = trace;
-  if (pl.routing_kernel) launch_routing(rp, st, pl.pdl);
+  return rp;
+}
+
+// 3-4: the expert launches on the dispatch's lists (rp: what the routing wrote, and the
+// self-routing gate/up kernel's routing where the plan has no routing kernel)
+void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingParams& rp,
+                                       const void* x, void* y, cudaStream_t st) {
   if (pl.stream == plan::Stream::Grouped) {
     forward_grouped(pl, x, y, st);
     return;
   }
+  const int tokens = pl.tokens;
+  const int slots = pl.slots;
+  const bool shared_unfused = has_shared && !pl.fused && add_shared;
+  auto* ctr = ws.counters;
 
   // the parameters every expert launch shares
   auto common = [&](const plan::ExpertLaunch& l) {
@@ -128,45 +153,46 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
     return p;
   };
   for (const plan::ExpertLaunch& l : pl.experts) {
+    if (l.shared && !add_shared) continue;
     const bool gate_up = plan::expert_kernels()[l.kernel].gemm == plan::Gemm::GateUp;
     ExpertsParams p = common(l);
     if (l.shared) {
       // 2a/2b. the unfused shared MLP: one dense "expert" of width Is, every token one pair
-      p.w = gate_up ? shared_w13.as<__nv_bfloat16>() : shared_w2.as<__nv_bfloat16>();
+      p.w = gate_up ? wp.shared_w13 : wp.shared_w2;
       p.inter = Is;
       p.rows = gate_up ? Is : H;
       p.k = gate_up ? H : Is;
-      p.x = gate_up ? static_cast<const __nv_bfloat16*>(x) : shared_h.as<__nv_bfloat16>();
+      p.x = gate_up ? static_cast<const __nv_bfloat16*>(x) : ws.shared_h;
       p.x_row_div = 1;
-      p.pair_list = pair_identity.as<int>();
-      p.tasks = shared_tasks.as<ExpertTask>();
+      p.pair_list = ws.pair_identity;
+      p.tasks = ws.shared_tasks;
       p.num_tasks = &ctr->num_shared_tasks;
       p.task_capacity = ceil_div(opt.max_tokens, 8);
       p.pair_capacity = tokens;
       p.work_counter = &ctr->work[gate_up ? 2 : 3];
       if (gate_up) {
-        p.h = shared_h.as<__nv_bfloat16>();
+        p.h = ws.shared_h;
       } else {
-        p.partial = shared_partial.as<float>();
+        p.partial = ws.shared_partial;
       }
     } else if (gate_up) {
       // 3. routed (+ fused shared) gate/up
-      p.w = w13.as<__nv_bfloat16>();
+      p.w = wp.w13;
       p.w_expert_stride = static_cast<long long>(2) * I * H;
-      p.bias = spec.has_expert_bias ? b13.as<float>() : nullptr;
+      p.bias = spec.has_expert_bias ? wp.b13 : nullptr;
       p.bias_expert_stride = static_cast<long long>(2) * I;
       p.inter = I;
       p.rows = I;
       p.k = H;
       p.x = static_cast<const __nv_bfloat16*>(x);
       p.x_row_div = slots;
-      p.pair_list = pair_list.as<int>();
-      p.tasks = tasks.as<ExpertTask>();
+      p.pair_list = ws.pair_list;
+      p.tasks = ws.tasks;
       p.num_tasks = &ctr->num_tasks;
       p.task_capacity = max_tasks;
       p.pair_capacity = tokens * slots;
       p.work_counter = &ctr->work[0];
-      p.h = h.as<__nv_bfloat16>();
+      p.h = ws.h;
       p.trace = trace;
       if (!pl.routing_kernel) {
         p.route = rp;
@@ -176,34 +202,34 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
       }
       if (l.early_shared > 0) {
         p.early_shared = l.early_shared;
-        p.first_shared_expert = E;
+        p.first_shared_expert = slice_count;
         p.tokens = tokens;
         p.slots = slots;
       }
     } else {
       // 4. down + weighted combine
-      p.w = w2.as<__nv_bfloat16>();
+      p.w = wp.w2;
       p.w_expert_stride = static_cast<long long>(H) * I;
-      p.bias = spec.has_expert_bias ? b2.as<float>() : nullptr;
+      p.bias = spec.has_expert_bias ? wp.b2 : nullptr;
       p.bias_expert_stride = H;
       p.inter = I;
       p.rows = H;
       p.k = I;
-      p.x = h.as<__nv_bfloat16>();
+      p.x = ws.h;
       p.x_row_div = 1;
-      p.pair_list = pair_list.as<int>();
-      p.tasks = tasks.as<ExpertTask>();
+      p.pair_list = ws.pair_list;
+      p.tasks = ws.tasks;
       p.num_tasks = &ctr->num_tasks;
       p.task_capacity = max_tasks;
       p.pair_capacity = tokens * slots;
       p.work_counter = &ctr->work[1];
-      p.partial = partial.as<float>();
-      p.tile_counters = tile_counters.as<int>();
+      p.partial = ws.partial;
+      p.tile_counters = ws.tile_counters;
       p.tokens = tokens;
       p.slots = slots;
-      p.slot_weights = weights.as<float>();
-      p.shared_partial = shared_unfused ? shared_partial.as<float>() : nullptr;
-      p.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
+      p.slot_weights = ws.weights;
+      p.shared_partial = shared_unfused ? ws.shared_partial : nullptr;
+      p.shared_scale = shared_unfused ? ws.shared_scale : nullptr;
       p.y = static_cast<__nv_bfloat16*>(y);
       p.trace = trace;
     }
@@ -214,35 +240,35 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
 // 3-4 on the prefill path: the routing's ids and weights -> permute, grouped GEMMs, combine.
 void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x, void* y,
                                         cudaStream_t st) {
-  MK_CHECK(prefill_workspace.ptr != nullptr, "the plan takes the prefill path at "
+  MK_CHECK(ws.prefill != nullptr, "the plan takes the prefill path at "
                                                  << pl.tokens << " tokens, but max_tokens ("
                                                  << opt.max_tokens << ") does not");
-  const bool shared_unfused = has_shared && !pl.fused;
+  const bool shared_unfused = has_shared && !pl.fused && add_shared;
   PrefillParams p;
   p.tokens = pl.tokens;
   p.hidden = H;
   p.inter = I;
-  p.rows = E + (pl.fused ? S : 0);
+  p.rows = slice_count + (pl.fused ? S : 0);
   p.slots = pl.slots;
   p.max_tokens = opt.max_tokens;
   p.x = static_cast<const __nv_bfloat16*>(x);
-  p.ids = ids.as<int32_t>();
-  p.weights = weights.as<float>();
-  p.w13 = w13.as<__nv_bfloat16>();
-  p.w2 = w2.as<__nv_bfloat16>();
-  p.b13 = spec.has_expert_bias ? b13.as<float>() : nullptr;
-  p.b2 = spec.has_expert_bias ? b2.as<float>() : nullptr;
+  p.ids = ws.ids;
+  p.weights = ws.weights;
+  p.w13 = wp.w13;
+  p.w2 = wp.w2;
+  p.b13 = spec.has_expert_bias ? wp.b13 : nullptr;
+  p.b2 = spec.has_expert_bias ? wp.b2 : nullptr;
   p.activation = spec.activation;
   p.limit = spec.swiglu_limit;
   p.alpha = spec.swiglu_alpha;
   p.beta = spec.swiglu_beta;
-  p.shared_partial = shared_unfused ? shared_partial.as<float>() : nullptr;
-  p.shared_scale = shared_unfused ? shared_scale.as<float>() : nullptr;
+  p.shared_partial = shared_unfused ? ws.shared_partial : nullptr;
+  p.shared_scale = shared_unfused ? ws.shared_scale : nullptr;
   p.y = static_cast<__nv_bfloat16*>(y);
-  p.error_flag = error_flag.as<int>();
+  p.error_flag = dispatch_flag != nullptr ? dispatch_flag : ws.status;
   p.tile_m = pl.grouped_tile_m;
-  p.workspace = prefill_workspace.ptr;
-  p.workspace_bytes = prefill_workspace.bytes;
+  p.workspace = ws.prefill;
+  p.workspace_bytes = ws.prefill_bytes;
   launch_prefill_experts(p, st);
 }
 

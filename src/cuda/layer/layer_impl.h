@@ -8,7 +8,9 @@
 //                       launches, no host synchronisation (capturable in a CUDA graph)
 // Weights on the device: stacked w13 [E+S, 2I, H], w2 [E+S, H, I] (slots repacked from the
 // shared MLP as in src/io/lazy_experts.h), biases [E+S, 2I] / [E+S, H] (zero for the slots), and
-// the unfused shared MLP [2Is, H] / [H, Is].
+// the unfused shared MLP [2Is, H] / [H, Is]. A forward reads them through LayerWeightPtrs and
+// writes a LayerWorkspace, so the engine API (src/cuda/engine/) runs the same Impl on an
+// engine's borrowed weights and workspace.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +20,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
 #include "cuda/layer/shared_dense.h"
 #include "cuda/routing/routing.h"
@@ -25,6 +28,69 @@
 #include "moekit/plan.h"
 
 namespace moekit::cuda {
+
+// The weights a forward reads: the layer's own buffers, or an engine's borrowed ones
+// (moekit/moe.h: MoeWeightsView, the same layout). w13/w2 hold E routed experts, then the S fused
+// slots where a fused forward runs.
+struct LayerWeightPtrs {
+  const void* router_w = nullptr;          // [cols, H] bf16 or fp32
+  const float* router_bias = nullptr;      // [E] or null
+  const float* corr_bias = nullptr;        // [E] or null
+  const __nv_bfloat16* w13 = nullptr;      // [E(+S), 2I, H]
+  const __nv_bfloat16* w2 = nullptr;       // [E(+S), H, I]
+  const float* b13 = nullptr;              // [E(+S), 2I] or null
+  const float* b2 = nullptr;               // [E(+S), H] or null
+  const __nv_bfloat16* shared_w13 = nullptr;  // [2Is, H] or null
+  const __nv_bfloat16* shared_w2 = nullptr;   // [H, Is] or null
+};
+
+// The workspace of a forward up to max_tokens, pieces of one buffer (Impl::carve_workspace);
+// the status word first, so that a caller reads it without knowing the rest.
+struct LayerWorkspace {
+  int* status = nullptr;  // bit 0: an expert id outside [0, rows) reached the dispatch
+  float* logits = nullptr;
+  int32_t* ids = nullptr;
+  float* weights = nullptr;
+  float* shared_scale = nullptr;
+  int* pair_list = nullptr;
+  ExpertTask* tasks = nullptr;
+  ExpertTask* shared_tasks = nullptr;
+  int* pair_identity = nullptr;
+  __nv_bfloat16* h = nullptr;
+  __nv_bfloat16* shared_h = nullptr;
+  float* partial = nullptr;
+  float* shared_partial = nullptr;
+  DispatchCounters* counters = nullptr;
+  int* tile_counters = nullptr;
+  void* prefill = nullptr;  // the prefill path's, where a plan up to max_tokens takes it
+  size_t prefill_bytes = 0;
+  // the engine API's: a routing of [T, k] before its expansion, and the word where the dispatch
+  // of an expert slice flags the pairs it drops (another rank's, not an error)
+  int32_t* topk_ids = nullptr;
+  float* topk_weights = nullptr;
+  int* dropped = nullptr;
+};
+
+// Makes `device` current for its scope and restores the caller's device after (the library
+// leaves the caller's current device as it found it).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    MK_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) MK_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) {
+      MK_CUDA_WARN(cudaSetDevice(previous_));
+    }
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
 
 struct GpuMoeLayer::Impl {
   MoeSpec spec;
@@ -35,22 +101,32 @@ struct GpuMoeLayer::Impl {
   bool has_shared = false;
   bool can_fuse = false;
   RoutingConfig cfg_fused, cfg_unfused;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;                 // preparation (uploads, warm-up, memsets)
   std::unique_ptr<SharedDenseMlp> shared_dense;  // the unfused shared MLP's cuBLAS GEMMs
   unsigned long long* trace = nullptr;           // set_trace: kernel timeline words, or null
-  // plans by (tokens, fusion asked for): planned once, outside any graph capture's hot path
+  // false: a forward leaves the shared expert out (the engine API's experts() without it)
+  bool add_shared = true;
+  // The routed experts the weight stacks hold as rows 0..slice_count-1 (then the fused slots):
+  // E for the owning layer; an engine's expert slice (src/cuda/engine/) holds fewer.
+  int slice_count = 0;
+  // Where the dispatch (align step, prefill plan) flags a pair it drops; null: ws.status.
+  int* dispatch_flag = nullptr;
+  // plans by (tokens, fusion asked for, self-routing allowed): planned once, outside any graph
+  // capture's hot path
   mutable std::unordered_map<long long, plan::LayerPlan> plans;
 
-  // weights
+  // what a forward reads and writes (the buffers below, or an engine's)
+  LayerWeightPtrs wp;
+  LayerWorkspace ws;
+
+  // the owning layer's weights
   size_t weight_bytes = 0;
   DeviceBuffer router_w, router_bias, corr_bias, w13, w2, b13, b2, shared_w13, shared_w2;
-  // workspace
+  // the owning layer's workspace (one buffer, carved), and its host forward's x and y
   size_t workspace_bytes = 0;
-  DeviceBuffer logits, ids, weights, shared_scale, pair_list, tasks, shared_tasks, pair_identity;
-  DeviceBuffer h, shared_h, partial, shared_partial, counters, tile_counters;
-  DeviceBuffer error_flag;
+  DeviceBuffer workspace_buf;
   DeviceBuffer x_in, y_out;
-  DeviceBuffer prefill_workspace;  // the prefill path's, where a plan up to max_tokens takes it
+  size_t prefill_bytes = 0;  // the prefill path's share of the workspace (prepare_kernels)
   int max_tasks = 0;
 
   ~Impl();
@@ -62,15 +138,30 @@ struct GpuMoeLayer::Impl {
   void validate() const;
   // layer_weights.cu
   void allocate_weights();
+  void point_at_own_weights();
   void repack_slots_on_device();
   void upload(const LayerWeights& w);
   void fill_random(uint64_t seed);
   // layer_workspace.cu
-  void allocate_workspace();
-  void prepare_kernels();
+  bool grouped_at_max() const;         // whether a plan up to max_tokens takes the prefill path
+  size_t prefill_bytes_needed() const;  // that path's workspace (0 when not), current device
+  void prepare_kernels();  // sets prefill_bytes: call before carve_workspace
+  // The workspace's size (base null) or its pieces at `base` into *out: 256-byte aligned.
+  size_t carve_workspace(void* base, LayerWorkspace* out) const;
+  // Zeroes the counters, the task lists and the status, writes the identity pair list.
+  void init_workspace(const LayerWorkspace& w, cudaStream_t st) const;
+  void allocate_workspace();  // the owning layer's: one buffer, carved and initialised
   // layer_forward.cu
-  const plan::LayerPlan& plan_for(int tokens, FuseShared fuse) const;
+  const plan::LayerPlan& plan_for(int tokens, FuseShared fuse, bool self_route = true) const;
   void forward_device(const void* x, void* y, int tokens, FuseShared fuse, cudaStream_t st);
+  // The pieces of a forward (forward_device is all three in order): the dense shared MLP where
+  // the plan runs it; the router GEMM (x, or none when `logits` is given) and the routing +
+  // dispatch; the expert launches (or the prefill path) from the dispatch's lists.
+  void launch_dense_shared(const plan::LayerPlan& pl, const void* x, cudaStream_t st);
+  RoutingParams routing_params(const plan::LayerPlan& pl) const;
+  void launch_router_gemm(const plan::LayerPlan& pl, const void* x, cudaStream_t st);
+  void launch_experts(const plan::LayerPlan& pl, const RoutingParams& rp, const void* x, void* y,
+                      cudaStream_t st);
   void forward_grouped(const plan::LayerPlan& pl, const void* x, void* y, cudaStream_t st);
 };
 

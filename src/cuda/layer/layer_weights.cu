@@ -35,6 +35,19 @@ void GpuMoeLayer::Impl::allocate_weights() {
     allocate<__nv_bfloat16>(shared_w13, static_cast<size_t>(2) * Is * H, weight_bytes);
     allocate<__nv_bfloat16>(shared_w2, static_cast<size_t>(H) * Is, weight_bytes);
   }
+  point_at_own_weights();
+}
+
+void GpuMoeLayer::Impl::point_at_own_weights() {
+  wp.router_w = router_w.ptr;
+  wp.router_bias = router_bias.as<float>();
+  wp.corr_bias = corr_bias.as<float>();
+  wp.w13 = w13.as<__nv_bfloat16>();
+  wp.w2 = w2.as<__nv_bfloat16>();
+  wp.b13 = b13.as<float>();
+  wp.b2 = b2.as<float>();
+  wp.shared_w13 = shared_w13.as<__nv_bfloat16>();
+  wp.shared_w2 = shared_w2.as<__nv_bfloat16>();
 }
 
 // Fused slot j = gate rows [jI,(j+1)I) and up rows Is+[jI,(j+1)I) of the shared w13, down

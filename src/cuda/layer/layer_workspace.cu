@@ -1,8 +1,10 @@
-// GpuMoeLayer::Impl's workspace (layer_impl.h), sized once for max_tokens, and the preparation
-// of the kernels a forward launches, all outside any graph capture: a forward never allocates.
+// GpuMoeLayer::Impl's workspace (layer_impl.h), sized once for max_tokens as pieces of one
+// buffer (the layer's own, or an engine's: moekit/moe.h), and the preparation of the kernels a
+// forward launches, all outside any graph capture: a forward never allocates.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "cuda/common/cuda_check.h"
@@ -18,56 +20,103 @@ namespace {
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 }  // namespace
 
-void GpuMoeLayer::Impl::allocate_workspace() {
-  const int tm = opt.max_tokens;
-  const int max_slots = K + S;
-  const size_t pairs = static_cast<size_t>(tm) * max_slots;
-  max_tasks = max_routed_tasks(static_cast<int>(pairs), rows_fused(), 8);
-  size_t& ws = workspace_bytes;
-  allocate<float>(logits, static_cast<size_t>(tm) * cols, ws);
-  allocate<int32_t>(ids, pairs, ws);
-  allocate<float>(weights, pairs, ws);
-  allocate<float>(shared_scale, tm, ws);
-  allocate<int>(pair_list, pairs, ws);
-  allocate<ExpertTask>(tasks, max_tasks, ws);
-  allocate<ExpertTask>(shared_tasks, ceil_div(tm, 8), ws);
-  allocate<int>(pair_identity, tm, ws);
-  allocate<__nv_bfloat16>(h, pairs * I, ws);
-  allocate<float>(partial, pairs * H, ws);
-  if (has_shared) {
-    allocate<__nv_bfloat16>(shared_h, static_cast<size_t>(tm) * Is, ws);
-    allocate<float>(shared_partial, static_cast<size_t>(tm) * H, ws);
-  }
-  allocate<DispatchCounters>(counters, 1, ws);
-  allocate<int>(tile_counters, H / 16 + 1, ws);  // + the down tail's CTAs done
-  allocate<int>(error_flag, 1, ws);
-  allocate<__nv_bfloat16>(x_in, static_cast<size_t>(tm) * H, ws);
-  allocate<__nv_bfloat16>(y_out, static_cast<size_t>(tm) * H, ws);
-  // (tasks are read ahead of the task count: task_capacity)
-  MK_CUDA_CHECK(cudaMemsetAsync(tasks.ptr, 0, tasks.bytes, stream));
-  MK_CUDA_CHECK(cudaMemsetAsync(shared_tasks.ptr, 0, shared_tasks.bytes, stream));
-  MK_CUDA_CHECK(cudaMemsetAsync(counters.ptr, 0, counters.bytes, stream));
-  MK_CUDA_CHECK(cudaMemsetAsync(tile_counters.ptr, 0, tile_counters.bytes, stream));
-  MK_CUDA_CHECK(cudaMemsetAsync(error_flag.ptr, 0, error_flag.bytes, stream));
-  std::vector<int> identity(tm);
-  for (int i = 0; i < tm; ++i) identity[i] = i;
-  MK_CUDA_CHECK(cudaMemcpyAsync(pair_identity.ptr, identity.data(), tm * sizeof(int),
-                                cudaMemcpyHostToDevice, stream));
+size_t GpuMoeLayer::Impl::carve_workspace(void* base, LayerWorkspace* out) const {
+  const size_t tm = opt.max_tokens;
+  const size_t pairs = tm * (K + S);
+  const int tasks_cap = max_routed_tasks(static_cast<int>(pairs), rows_fused(), 8);
+  size_t at = 0;
+  LayerWorkspace w;
+  // each piece 256-byte aligned (the kernels' 16-byte loads, cuBLAS's operands)
+  auto take = [&](auto*& ptr, size_t count) {
+    using T = std::remove_pointer_t<std::remove_reference_t<decltype(ptr)>>;
+    at = (at + 255) / 256 * 256;
+    ptr = base != nullptr && count > 0 ? reinterpret_cast<T*>(static_cast<char*>(base) + at)
+                                       : nullptr;
+    at += count * sizeof(T);
+  };
+  take(w.status, 1);
+  take(w.logits, tm * cols);
+  take(w.ids, pairs);
+  take(w.weights, pairs);
+  take(w.shared_scale, tm);
+  take(w.pair_list, pairs);
+  take(w.tasks, tasks_cap);
+  take(w.shared_tasks, ceil_div(static_cast<int>(tm), 8));
+  take(w.pair_identity, tm);
+  take(w.h, pairs * I);
+  take(w.partial, pairs * H);
+  take(w.shared_h, has_shared ? tm * Is : 0);
+  take(w.shared_partial, has_shared ? tm * H : 0);
+  take(w.counters, 1);
+  take(w.tile_counters, H / 16 + 1);  // + the down tail's CTAs done
+  take(w.topk_ids, tm * K);
+  take(w.topk_weights, tm * K);
+  take(w.dropped, 1);
+  unsigned char* prefill = nullptr;
+  take(prefill, prefill_bytes);
+  w.prefill = prefill;
+  w.prefill_bytes = prefill_bytes;
+  at = (at + 255) / 256 * 256;
+  if (out != nullptr) *out = w;
+  return at;
 }
 
-void GpuMoeLayer::Impl::prepare_kernels() {
-  prepare_expert_kernels();
+namespace {
+
+// pair_identity[i] = i: the unfused shared MLP's pair list (every token one pair)
+__global__ void write_identity(int* out, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    out[i] = i;
+  }
+}
+
+}  // namespace
+
+void GpuMoeLayer::Impl::init_workspace(const LayerWorkspace& w, cudaStream_t st) const {
+  const size_t tm = opt.max_tokens;
+  const size_t pairs = tm * (K + S);
+  const int tasks_cap = max_routed_tasks(static_cast<int>(pairs), rows_fused(), 8);
+  // (tasks are read ahead of the task count: task_capacity)
+  MK_CUDA_CHECK(cudaMemsetAsync(w.tasks, 0, tasks_cap * sizeof(ExpertTask), st));
+  MK_CUDA_CHECK(cudaMemsetAsync(w.shared_tasks, 0, ceil_div(static_cast<int>(tm), 8) *
+                                                       sizeof(ExpertTask), st));
+  MK_CUDA_CHECK(cudaMemsetAsync(w.counters, 0, sizeof(DispatchCounters), st));
+  MK_CUDA_CHECK(cudaMemsetAsync(w.tile_counters, 0, (H / 16 + 1) * sizeof(int), st));
+  MK_CUDA_CHECK(cudaMemsetAsync(w.status, 0, sizeof(int), st));
+  write_identity<<<ceil_div(static_cast<int>(tm), 256), 256, 0, st>>>(w.pair_identity,
+                                                                       static_cast<int>(tm));
+  MK_CUDA_CHECK(cudaGetLastError());
+}
+
+void GpuMoeLayer::Impl::allocate_workspace() {
+  const size_t bytes = carve_workspace(nullptr, nullptr);
+  workspace_buf = DeviceBuffer(bytes);
+  workspace_bytes = bytes;
+  carve_workspace(workspace_buf.ptr, &ws);
+  init_workspace(ws, stream);
+  allocate<__nv_bfloat16>(x_in, static_cast<size_t>(opt.max_tokens) * H, workspace_bytes);
+  allocate<__nv_bfloat16>(y_out, static_cast<size_t>(opt.max_tokens) * H, workspace_bytes);
+}
+
+bool GpuMoeLayer::Impl::grouped_at_max() const {
   // The prefill path's workspace, where the plan takes that path at max_tokens (its rule holds
   // from a token count on) or it is forced.
   const plan::LayerPlan at_max =
       plan::plan_layer(spec, opt.max_tokens, FuseShared::Auto, opt.overrides, device);
-  const bool grouped = at_max.stream == plan::Stream::Grouped;
-  if (grouped) {
-    const char* why = "";
-    MK_CHECK(prefill_supported(&why), "the plan takes the prefill path: " << why);
-    const size_t bytes = prefill_workspace_bytes(opt.max_tokens, K + S, E + S, H, I);
-    allocate<unsigned char>(prefill_workspace, bytes, workspace_bytes);
-  }
+  return at_max.stream == plan::Stream::Grouped;
+}
+
+size_t GpuMoeLayer::Impl::prefill_bytes_needed() const {
+  if (!grouped_at_max()) return 0;
+  const char* why = "";
+  MK_CHECK(prefill_supported(&why), "the plan takes the prefill path: " << why);
+  return prefill_workspace_bytes(opt.max_tokens, K + S, E + S, H, I);
+}
+
+void GpuMoeLayer::Impl::prepare_kernels() {
+  prepare_expert_kernels();
+  const bool grouped = grouped_at_max();
+  prefill_bytes = prefill_bytes_needed();
   // The dense shared MLP's cuBLAS handle and buffers, where a forward up to max_tokens uses it
   // (the prefill path runs an unfused shared MLP so too).
   const int dense_from = opt.overrides.shared_dense_tokens >= 0 ? opt.overrides.shared_dense_tokens

@@ -1,0 +1,122 @@
+// MoeWeightsView (include/moekit/moe.h): its validation, the stacks' rows as ExpertView, and
+// ViewLayerWeights, the LayerWeights over a host view that the CPU backends run on.
+#include <cstdint>
+
+#include "moekit/error.h"
+#include "moekit/moe.h"
+
+namespace moekit {
+
+const char* location_name(Location l) { return l == Location::Host ? "host" : "device"; }
+
+namespace {
+
+// One stack's stride: `given` elements, 0 = dense; never smaller than one expert's matrix.
+int64_t stack_stride(int64_t given, int64_t dense, const char* name, const char* shape) {
+  MK_CHECK(given == 0 || given >= dense, name << " = " << given << " is smaller than one expert's "
+                                              << shape << " (" << dense
+                                              << " elements); 0 means dense");
+  return given == 0 ? dense : given;
+}
+
+}  // namespace
+
+void validate_view(const MoeSpec& spec, const MoeWeightsView& v) {
+  const int E = spec.num_experts;
+  const int64_t H = spec.hidden, I = spec.expert_intermediate;
+  MK_CHECK(v.location == Location::Host || v.location == Location::Device,
+           "expected view location host or device, got " << static_cast<int>(v.location));
+  MK_CHECK(v.expert_offset >= 0 && v.expert_offset <= E, "expected expert_offset in [0, "
+                                                             << E << "] for " << spec.name
+                                                             << ", got " << v.expert_offset);
+  const int count = v.local_experts(spec);
+  MK_CHECK(count >= 0 && v.expert_offset + count <= E,
+           "expert slice [" << v.expert_offset << ", " << v.expert_offset + count
+                            << ") is outside the " << E << " experts of " << spec.name
+                            << " (expert_offset " << v.expert_offset << ", expert_count "
+                            << v.expert_count << ")");
+  MK_CHECK(v.router_weight != nullptr, "router_weight of " << spec.name << " is null");
+  MK_CHECK(spec.router_dtype == DType::BF16 || spec.router_dtype == DType::F32,
+           "expected router dtype BF16 or F32, got " << dtype_name(spec.router_dtype));
+  MK_CHECK(!spec.has_router_bias || v.router_bias != nullptr,
+           spec.name << " has a router bias (gpt-oss) but router_bias is null");
+  MK_CHECK(!spec.has_correction_bias || v.correction_bias != nullptr,
+           spec.name << " has an e_score_correction_bias but correction_bias is null");
+  const bool has_shared = spec.shared_kind != SharedKind::None && spec.shared_intermediate > 0;
+  MK_CHECK(v.fused_slots == 0 || (has_shared && v.fused_slots == spec.shared_slots()),
+           "expected fused_slots 0 or " << spec.shared_slots() << " (the shared slots of "
+                                        << spec.name << "), got " << v.fused_slots);
+  MK_CHECK((v.shared_w13 == nullptr) == (v.shared_w2 == nullptr),
+           "the unfused shared MLP needs shared_w13 and shared_w2, got only "
+               << (v.shared_w13 != nullptr ? "shared_w13" : "shared_w2"));
+  MK_CHECK(has_shared || v.shared_w13 == nullptr,
+           spec.name << " has no shared expert, but shared_w13/shared_w2 are set");
+  const int rows = count + v.fused_slots;
+  if (rows > 0) {
+    MK_CHECK(v.w13 != nullptr, "w13 of " << spec.name << " is null (" << rows << " experts)");
+    MK_CHECK(v.w2 != nullptr, "w2 of " << spec.name << " is null (" << rows << " experts)");
+  }
+  stack_stride(v.w13_expert_stride, 2 * I * H, "w13_expert_stride", "[2I, H]");
+  stack_stride(v.w2_expert_stride, H * I, "w2_expert_stride", "[H, I]");
+  if (spec.has_expert_bias && count > 0) {
+    MK_CHECK(v.b13 != nullptr && v.b2 != nullptr, spec.name << " has expert biases (gpt-oss) but "
+                                                            << (v.b13 == nullptr ? "b13" : "b2")
+                                                            << " is null");
+    stack_stride(v.b13_expert_stride, 2 * I, "b13_expert_stride", "[2I]");
+    stack_stride(v.b2_expert_stride, H, "b2_expert_stride", "[H]");
+  }
+}
+
+ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& v, int local_row) {
+  const int64_t H = spec.hidden, I = spec.expert_intermediate;
+  const int64_t s13 = v.w13_expert_stride == 0 ? 2 * I * H : v.w13_expert_stride;
+  const int64_t s2 = v.w2_expert_stride == 0 ? H * I : v.w2_expert_stride;
+  ExpertView ex;
+  ex.w13 = v.w13 + local_row * s13;
+  ex.w2 = v.w2 + local_row * s2;
+  // the fused slots carry no biases (no model with expert biases has a shared expert)
+  if (spec.has_expert_bias && local_row < v.local_experts(spec) && v.b13 != nullptr) {
+    const int64_t sb13 = v.b13_expert_stride == 0 ? 2 * I : v.b13_expert_stride;
+    const int64_t sb2 = v.b2_expert_stride == 0 ? H : v.b2_expert_stride;
+    ex.b13 = v.b13 + local_row * sb13;
+    ex.b2 = v.b2 + local_row * sb2;
+  }
+  return ex;
+}
+
+ViewLayerWeights::ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& view, int layer)
+    : LayerWeights(spec, layer), view_(view) {
+  MK_CHECK(view.location == Location::Host,
+           "ViewLayerWeights runs the CPU backends on host weights, got a device view");
+  validate_view(spec, view);
+}
+
+const float* ViewLayerWeights::router_bias() const {
+  return spec_.has_router_bias ? view_.router_bias : nullptr;
+}
+
+const float* ViewLayerWeights::correction_bias() const {
+  return spec_.has_correction_bias ? view_.correction_bias : nullptr;
+}
+
+ExpertView ViewLayerWeights::expert(int e) const {
+  const int E = spec_.num_experts;
+  const int count = view_.local_experts(spec_);
+  if (e >= view_.expert_offset && e < view_.expert_offset + count) {
+    return view_expert(spec_, view_, e - view_.expert_offset);
+  }
+  MK_CHECK(e >= E && e < E + view_.fused_slots,
+           "expert " << e << " of " << spec_.name << " is not in this view: it holds experts ["
+                     << view_.expert_offset << ", " << view_.expert_offset + count << ")"
+                     << (view_.fused_slots > 0 ? " and the fused slots [" : "")
+                     << (view_.fused_slots > 0 ? std::to_string(E) + ", " +
+                                                     std::to_string(E + view_.fused_slots) + ")"
+                                               : std::string()));
+  return view_expert(spec_, view_, count + (e - E));
+}
+
+int ViewLayerWeights::materialised_experts() const {
+  return view_.local_experts(spec_) + view_.fused_slots;
+}
+
+}  // namespace moekit

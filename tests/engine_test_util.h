@@ -1,0 +1,94 @@
+// What the engine API tests share (tests/test_engine_api.cpp, tests/cuda/test_engine_api_gpu.cpp):
+// an engine's own copy of a layer's weights in vLLM's fused_experts layout (stacks [n, 2I, H] and
+// [n, H, I], the fused shared slots after the routed experts), built from a LayerWeights, and the
+// MoeWeightsView that borrows it.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "moekit/moe.h"
+#include "moekit/weights.h"
+
+namespace moekit::test {
+
+struct StackOptions {
+  bool fused_slots = true;     // the stacks hold the fused shared slots (where the spec has them)
+  bool unfused_shared = true;  // the view carries the unfused shared MLP
+  int expert_offset = 0;       // the slice held
+  int expert_count = -1;       // -1: E - expert_offset
+  int64_t pad = 0;             // elements of padding after each expert's matrices (strides)
+};
+
+// The engine's buffers (host memory) and a view of them.
+struct EngineStacks {
+  std::vector<uint8_t> router;
+  std::vector<float> router_bias, correction_bias;
+  std::vector<Bf16> w13, w2, shared_w13, shared_w2;
+  std::vector<float> b13, b2;
+  MoeWeightsView view;
+};
+
+inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = {}) {
+  const MoeSpec& spec = lw.spec();
+  const int E = spec.num_experts;
+  const size_t H = spec.hidden, I = spec.expert_intermediate;
+  EngineStacks s;
+  const size_t router_bytes =
+      static_cast<size_t>(spec.router_columns()) * H * dtype_size(spec.router_dtype);
+  s.router.resize(router_bytes);
+  std::memcpy(s.router.data(), lw.router_weight(), router_bytes);
+  if (lw.router_bias() != nullptr) s.router_bias.assign(lw.router_bias(), lw.router_bias() + E);
+  if (lw.correction_bias() != nullptr)
+    s.correction_bias.assign(lw.correction_bias(), lw.correction_bias() + E);
+  const int count = o.expert_count < 0 ? E - o.expert_offset : o.expert_count;
+  const int slots = o.fused_slots && spec.can_fuse_shared() ? spec.shared_slots() : 0;
+  const int rows = count + slots;
+  const size_t s13 = 2 * I * H + o.pad, s2 = H * I + o.pad;
+  const size_t sb13 = 2 * I + o.pad, sb2 = H + o.pad;
+  s.w13.assign(rows * s13, Bf16{0x7fc0});  // padding holds NaN: reading it would show
+  s.w2.assign(rows * s2, Bf16{0x7fc0});
+  if (spec.has_expert_bias) {
+    s.b13.assign(rows * sb13, 0.0f);
+    s.b2.assign(rows * sb2, 0.0f);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int e = r < count ? o.expert_offset + r : E + (r - count);
+    const ExpertView ex = lw.expert(e);
+    std::memcpy(s.w13.data() + r * s13, ex.w13, 2 * I * H * sizeof(Bf16));
+    std::memcpy(s.w2.data() + r * s2, ex.w2, H * I * sizeof(Bf16));
+    if (spec.has_expert_bias && ex.b13 != nullptr) {
+      std::memcpy(s.b13.data() + r * sb13, ex.b13, 2 * I * sizeof(float));
+      std::memcpy(s.b2.data() + r * sb2, ex.b2, H * sizeof(float));
+    }
+  }
+  if (o.unfused_shared && lw.shared_w13() != nullptr) {
+    const size_t Is = spec.shared_intermediate;
+    s.shared_w13.assign(lw.shared_w13(), lw.shared_w13() + 2 * Is * H);
+    s.shared_w2.assign(lw.shared_w2(), lw.shared_w2() + H * Is);
+  }
+  MoeWeightsView& v = s.view;
+  v.location = Location::Host;
+  v.router_weight = s.router.data();
+  v.router_bias = s.router_bias.empty() ? nullptr : s.router_bias.data();
+  v.correction_bias = s.correction_bias.empty() ? nullptr : s.correction_bias.data();
+  v.w13 = s.w13.data();
+  v.w2 = s.w2.data();
+  v.w13_expert_stride = static_cast<int64_t>(s13);
+  v.w2_expert_stride = static_cast<int64_t>(s2);
+  if (spec.has_expert_bias) {
+    v.b13 = s.b13.data();
+    v.b2 = s.b2.data();
+    v.b13_expert_stride = static_cast<int64_t>(sb13);
+    v.b2_expert_stride = static_cast<int64_t>(sb2);
+  }
+  v.fused_slots = slots;
+  v.shared_w13 = s.shared_w13.empty() ? nullptr : s.shared_w13.data();
+  v.shared_w2 = s.shared_w2.empty() ? nullptr : s.shared_w2.data();
+  v.expert_offset = o.expert_offset;
+  v.expert_count = o.expert_count;
+  return s;
+}
+
+}  // namespace moekit::test
