@@ -32,7 +32,7 @@ plan::DeviceInfo live_device_info(int device = 0);
 
 struct GpuLayerOptions {
   // Largest token count forward()/forward_device() accept; the workspace is sized for it once.
-  int max_tokens = 256;
+  int max_tokens = 8192;  // (covers chunked prefill; workspace_bytes() reports what it takes)
   // Default fusion of forward_device(x, y, T, stream); auto: the plan's rule (plan_layer).
   FuseShared fuse = FuseShared::Auto;
   int device = 0;  // every call makes it current and restores the caller's device after
@@ -154,6 +154,8 @@ struct GpuBenchRecord {
   int launches = 0;                // kernel nodes per layer forward
   double fused_over_unfused = 0;   // us_per_layer(on) / us_per_layer(off); 0 when not fusable
   int layer_sets = 0;              // distinct weight sets rotated among
+  int max_tokens = 0;              // the layers' max_tokens (the largest batch of the run)
+  double workspace_bytes = 0;      // one layer's device workspace at max_tokens
   int moe_layers = 0;
   std::string plan;                // what ran: plan::summary of the layer's plan
   double expert_tflops = 0;        // the expert GEMMs' FLOPs (6 T slots H I) over us_per_layer

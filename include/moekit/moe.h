@@ -127,7 +127,7 @@ struct MoeOptions {
   // fused shared slots or the unfused shared MLP; Auto: the plan's rule on the GPU, fused on the
   // CPU, each where the view holds what that needs (a view holding only one form runs it)
   FuseShared fuse = FuseShared::Auto;
-  int max_tokens = 256;           // the most tokens one call takes (sizes the workspace)
+  int max_tokens = 8192;          // the most tokens one call takes (sizes the workspace)
   plan::PlanOverrides overrides;  // the GPU plan's knobs (plan::plan_overrides_from_env)
   int device = 0;                 // the CUDA device of device views
   CpuBackend cpu_backend = CpuBackend::Fast;

@@ -146,7 +146,13 @@ size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens) {
   ws = add(ws, mul(pairs, 4 + 4 + 4));           // ids, weights, pair list
   ws = add(ws, mul(T, 4 + 4));                   // shared scale, pair identity
   ws = add(ws, mul(add(tasks, T / 8 + 1), 16));  // tasks, shared tasks (4 ints each)
-  ws = add(ws, mul(pairs, I * 2 + H * 4));       // h bf16, partial fp32
+  // the decode kernels' h (bf16) and partials (fp32), or the prefill path's workspace, in one
+  // region (layer_workspace.cu): permutation ints, permuted x, gate/up, h and down partials in
+  // bf16, both GEMMs' group arrays and CUTLASS workspaces (a few MB at most)
+  const size_t decode = mul(pairs, I * 2 + H * 4);
+  const size_t prefill = add(mul(pairs, 8 + H * 2 + 2 * I * 2 + I * 2 + H * 2),
+                             add(mul(rows, 2 * 60), size_t{4} << 20));
+  ws = add(ws, std::max(decode, prefill));
   if (Is > 0) ws = add(ws, mul(T, Is * 2 + H * 4));
   ws = add(ws, mul(T, H * 2 * 2));               // x_in, y_out bf16
   ws = add(ws, (H / 16 + 1) * 4 + 256);          // tile counters, counters, error flag

@@ -231,6 +231,8 @@ int run_bench_cuda(const BenchOptions& opt) {
                      {"launches", r.launches},
                      {"fused_over_unfused", r.fused_over_unfused},
                      {"layer_sets", r.layer_sets},
+                     {"max_tokens", r.max_tokens},
+                     {"workspace_bytes", r.workspace_bytes},
                      {"moe_layers", r.moe_layers},
                      {"expert_tflops", r.expert_tflops},
                      {"peak_tflops", r.peak_tflops},

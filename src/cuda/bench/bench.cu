@@ -276,6 +276,8 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
         r.auto_choice = sets[0]->resolve_fused(FuseShared::Auto, batch) == fused;
         r.read_bw_gbs = bw_gbs;
         r.layer_sets = nsets;
+        r.max_tokens = max_batch;
+        r.workspace_bytes = static_cast<double>(sets[0]->workspace_bytes());
         r.moe_layers = moe_layers;
         r.launches = sets[0]->count_launches(batch, fused).kernels;
         r.plan = plan::summary(sets[0]->plan(batch, mode));

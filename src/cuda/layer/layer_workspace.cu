@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -43,8 +44,6 @@ size_t GpuMoeLayer::Impl::carve_workspace(void* base, LayerWorkspace* out) const
   take(w.tasks, tasks_cap);
   take(w.shared_tasks, ceil_div(static_cast<int>(tm), 8));
   take(w.pair_identity, tm);
-  take(w.h, pairs * I);
-  take(w.partial, pairs * H);
   take(w.shared_h, has_shared ? tm * Is : 0);
   take(w.shared_partial, has_shared ? tm * H : 0);
   take(w.counters, 1);
@@ -52,10 +51,18 @@ size_t GpuMoeLayer::Impl::carve_workspace(void* base, LayerWorkspace* out) const
   take(w.topk_ids, tm * K);
   take(w.topk_weights, tm * K);
   take(w.dropped, 1);
+  // The decode kernels' h and partials and the prefill path's workspace share one region: a
+  // forward runs its experts on one or the other (plan::LayerPlan::stream).
+  const size_t shared_region = (at + 255) / 256 * 256;
+  take(w.h, pairs * I);
+  take(w.partial, pairs * H);
+  const size_t decode_end = at;
+  at = shared_region;
   unsigned char* prefill = nullptr;
   take(prefill, prefill_bytes);
   w.prefill = prefill;
   w.prefill_bytes = prefill_bytes;
+  at = std::max(at, decode_end);
   at = (at + 255) / 256 * 256;
   if (out != nullptr) *out = w;
   return at;
