@@ -307,6 +307,7 @@ const Kernels& avx512_kernels() {
                          .dot_rows_f32 = dot_rows_f32,
                          .dot_rows_bf16 = dot_rows_bf16,
                          .router_dot = router_dot,
+                         .dequant_fp8_row = dequant_fp8_row_avx512,
                          .read_sum = read_sum};
   return k;
 }
