@@ -325,25 +325,20 @@ class CheckpointLayerWeights final : public LayerWeights {
   void load_shared_fp8(LayerTensors& t) {
     const io::NameScheme& s = t.scheme();
     const size_t H = spec_.hidden, Is = spec_.shared_intermediate;
-    const bool ue8m0 = spec_.quant.scale_ue8m0;
     const io::MatrixSrc gate = t.matrix(s.shared_gate, Is, H, "shared gate_proj, Is x H");
     const io::MatrixSrc up = t.matrix(s.shared_up, Is, H, "shared up_proj, Is x H");
     const io::MatrixSrc down = t.matrix(s.shared_down, H, Is, "shared down_proj, H x Is");
     io::require_fp8(gate, "shared gate_proj");
     io::require_fp8(up, "shared up_proj");
     io::require_fp8(down, "shared down_proj");
-    const size_t rb = io::ceil_div(Is, io::kFp8Block), kb = io::ceil_div(H, io::kFp8Block);
-    shared_w13_fp8_.resize(2 * Is * H);
-    std::memcpy(shared_w13_fp8_.data(), io::fp8_bytes(gate), Is * H);
-    std::memcpy(shared_w13_fp8_.data() + Is * H, io::fp8_bytes(up), Is * H);
-    shared_w13_scale_.resize(2 * rb * kb);
-    io::read_fp8_scales(gate, ue8m0, shared_w13_scale_.data());
-    io::read_fp8_scales(up, ue8m0, shared_w13_scale_.data() + rb * kb);
-    shared_w2_fp8_.assign(io::fp8_bytes(down), io::fp8_bytes(down) + H * Is);
-    shared_w2_scale_.resize(kb * rb);
-    io::read_fp8_scales(down, ue8m0, shared_w2_scale_.data());
-    io::check_fp8_codes(shared_w13_fp8_.data(), 2 * Is, H, where("shared gate/up weight [2Is, H]"));
-    io::check_fp8_codes(shared_w2_fp8_.data(), H, Is, where("shared down weight [H, Is]"));
+    io::ExpertStorage st;
+    io::build_fp8_mlp(gate, &up, down, Is, H, spec_.quant.scale_ue8m0,
+                      where("shared gate/up weight [2Is, H]"), where("shared down weight [H, Is]"),
+                      st);
+    shared_w13_fp8_ = std::move(st.w13_fp8);
+    shared_w13_scale_ = std::move(st.w13_scale);
+    shared_w2_fp8_.assign(st.view.w2_fp8, st.view.w2_fp8 + H * Is);
+    shared_w2_scale_ = std::move(st.w2_scale);
   }
 
   // Expert e in fp8: e4m3 bytes in place where one tensor holds the matrix, scales in fp32.
@@ -352,28 +347,11 @@ class CheckpointLayerWeights final : public LayerWeights {
       io::repack_shared_slot_fp8(spec_, *this, e - spec_.num_experts, out);
       return;
     }
-    const size_t H = spec_.hidden, I = spec_.expert_intermediate;
-    const bool ue8m0 = spec_.quant.scale_ue8m0;
-    const size_t rbI = io::ceil_div(I, io::kFp8Block), kbH = io::ceil_div(H, io::kFp8Block);
     const PerExpertSrc& src = per_expert_[e];
-    out.w13_scale.resize(2 * rbI * kbH);
-    if (form_ == ExpertForm::Stacked) {
-      out.view.w13_fp8 = io::fp8_bytes(src.gate);
-      io::read_fp8_scales(src.gate, ue8m0, out.w13_scale.data());  // I % 128 == 0: 2*rbI rows
-    } else {
-      out.w13_fp8.resize(2 * I * H);
-      std::memcpy(out.w13_fp8.data(), io::fp8_bytes(src.gate), I * H);
-      std::memcpy(out.w13_fp8.data() + I * H, io::fp8_bytes(src.up), I * H);
-      io::read_fp8_scales(src.gate, ue8m0, out.w13_scale.data());
-      io::read_fp8_scales(src.up, ue8m0, out.w13_scale.data() + rbI * kbH);
-    }
-    out.view.w2_fp8 = io::fp8_bytes(src.down);
-    out.w2_scale.resize(kbH * rbI);
-    io::read_fp8_scales(src.down, ue8m0, out.w2_scale.data());
-    out.view_owned();
     const std::string ex = "expert " + std::to_string(e);
-    io::check_fp8_codes(out.view.w13_fp8, 2 * I, H, where(ex + " gate/up weight [2I, H]"));
-    io::check_fp8_codes(out.view.w2_fp8, H, I, where(ex + " down weight [H, I]"));
+    io::build_fp8_mlp(src.gate, form_ == ExpertForm::Stacked ? nullptr : &src.up, src.down,
+                      spec_.expert_intermediate, spec_.hidden, spec_.quant.scale_ue8m0,
+                      where(ex + " gate/up weight [2I, H]"), where(ex + " down weight [H, I]"), out);
   }
 
   // The first naming (spec family's first), block and layer prefix whose router tensor exists.

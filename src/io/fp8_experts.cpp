@@ -60,6 +60,30 @@ void check_fp8_codes(const uint8_t* q, size_t rows, size_t cols, const std::stri
   }
 }
 
+void build_fp8_mlp(const MatrixSrc& gate, const MatrixSrc* up, const MatrixSrc& down, size_t width,
+                   size_t hidden, bool ue8m0, const std::string& w13_what,
+                   const std::string& w2_what, ExpertStorage& out) {
+  const size_t tiles = ceil_div(width, kFp8Block) * ceil_div(hidden, kFp8Block);
+  out.w13_scale.resize(2 * tiles);
+  if (up == nullptr) {
+    // a stacked [2*width, hidden] slice: its 2*width/128 tile rows are the gate's, then the up's
+    out.view.w13_fp8 = fp8_bytes(gate);
+    read_fp8_scales(gate, ue8m0, out.w13_scale.data());
+  } else {
+    out.w13_fp8.resize(2 * width * hidden);
+    std::memcpy(out.w13_fp8.data(), fp8_bytes(gate), width * hidden);
+    std::memcpy(out.w13_fp8.data() + width * hidden, fp8_bytes(*up), width * hidden);
+    read_fp8_scales(gate, ue8m0, out.w13_scale.data());
+    read_fp8_scales(*up, ue8m0, out.w13_scale.data() + tiles);
+  }
+  out.view.w2_fp8 = fp8_bytes(down);
+  out.w2_scale.resize(tiles);
+  read_fp8_scales(down, ue8m0, out.w2_scale.data());
+  out.view_owned();
+  check_fp8_codes(out.view.w13_fp8, 2 * width, hidden, w13_what);
+  check_fp8_codes(out.view.w2_fp8, hidden, width, w2_what);
+}
+
 void repack_shared_slot_fp8(const MoeSpec& spec, const LayerWeights& w, int slot,
                             ExpertStorage& out) {
   const size_t H = spec.hidden, I = spec.expert_intermediate, Is = spec.shared_intermediate;

@@ -31,6 +31,15 @@ void read_fp8_scales(const MatrixSrc& m, bool ue8m0, float* out);
 // Throws naming the first e4m3fn NaN code of q[rows, cols] (row, column and `what`).
 void check_fp8_codes(const uint8_t* q, size_t rows, size_t cols, const std::string& what);
 
+// One MLP of `width` intermediate columns in fp8 into out (ExpertView's fp8 layout): with up
+// null, `gate` is a stacked [2*width, hidden] gate_up (width % 128 == 0) whose bytes are used in
+// place; else gate and up are [width, hidden] matrices whose bytes are copied into one block.
+// down [hidden, width] in place. Every scale is read and checked, the bytes checked for NaN codes
+// (w13_what / w2_what name the matrices in those errors).
+void build_fp8_mlp(const MatrixSrc& gate, const MatrixSrc* up, const MatrixSrc& down, size_t width,
+                   size_t hidden, bool ue8m0, const std::string& w13_what,
+                   const std::string& w2_what, ExpertStorage& out);
+
 // Fused shared slot j in fp8 (DESIGN.md §2): gate rows [jI,(j+1)I), up rows Is+[jI,(j+1)I) of the
 // shared w13 and down columns [jI,(j+1)I) of the shared w2, with their scale tiles. The slot's
 // edges must fall on tile edges (j*I % 128 == 0 for every slot: I % 128 == 0, or one slot),
