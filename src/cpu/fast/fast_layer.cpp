@@ -24,12 +24,14 @@
 // The first GEMM uses bf16 activations with vdpbf16ps on AVX512-BF16 CPUs (exact products), fp32
 // activations elsewhere; the down projection always uses fp32 activations.
 //
-// fp8 weights (LayerWeights::expert_dtype() F8_E4M3) run weight-only: each unit dequantises its
-// rows, kFp8ChunkRows at a time, into a per-thread bf16 buffer (kernels.h dequant_fp8_row:
-// bf16(fp8 x tile scale), the values of a bf16 load) that stays in cache, and runs the bf16
-// kernels on it. Chunks are multiples of the kernels' 4-row tiles and start at the unit's first
-// row, so every row meets the same kernel as in the bf16 path: y equals the bf16 path's on the
-// dequantised checkpoint bit for bit, while the weights cross the memory bus as fp8 bytes.
+// fp8 weights (LayerWeights::expert_dtype() F8_E4M3) run weight-only, each weight bf16(fp8 x tile
+// scale) (the value of a bf16 load). At decode token counts an ISA with a fused fp8 row kernel
+// (kernels.h dot_rows_fp8_f32) makes the weights in registers; otherwise each unit dequantises its
+// rows, kFp8ChunkRows at a time, into a per-thread bf16 buffer that stays in cache (kernels.h
+// dequant_fp8_row) and runs the bf16 kernels on it. Chunks are multiples of the kernels' 4-row
+// tiles and start at the unit's first row, and the fused kernels sum as the bf16 ones do, so y
+// equals the bf16 path's on the dequantised checkpoint bit for bit, while the weights cross the
+// memory bus as fp8 bytes.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -471,6 +473,13 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
   const ActivationFn activate{spec.activation, spec.swiglu_limit, spec.swiglu_alpha,
                               spec.swiglu_beta};
 
+  // The fp8 rows of a job go straight into an ISA's fused fp8 kernel where it has one for the
+  // job's token count (the down projection always; gate/up when it runs on fp32 activations).
+  const auto fp8_rows = [&](const Job& job) {
+    return kern.dot_rows_fp8_f32 != nullptr && job.count <= kern.fp8_row_tokens;
+  };
+  const auto fp8_rows_gate_up = [&](const Job& job) { return !bf16_dot && fp8_rows(job); };
+
   // ---- gate/up GEMM + activation, in units of intermediate columns of one job
   const std::vector<Unit> up_units = make_units(
       jobs, [&](const Job& j) { return j.inter; },
@@ -492,7 +501,13 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
         kern.dot_rows_f32(uw, H, b - a, H, &xf_ptr[job.first], job.count, u + a, job.inter);
       }
     };
-    if (job.gate8 != nullptr) {
+    if (job.gate8 != nullptr && fp8_rows_gate_up(job)) {
+      kern.dot_rows_fp8_f32(job.gate8 + static_cast<size_t>(i0) * H, H, job.gate_scale,
+                            fp8_tiles(H), i0, i1 - i0, H, &xf_ptr[job.first], job.count, g + i0,
+                            job.inter);
+      kern.dot_rows_fp8_f32(job.up8 + static_cast<size_t>(i0) * H, H, job.up_scale, fp8_tiles(H),
+                            i0, i1 - i0, H, &xf_ptr[job.first], job.count, u + i0, job.inter);
+    } else if (job.gate8 != nullptr) {
       thread_local std::vector<Bf16> rows_buffer;
       Bf16* gw = scratch(rows_buffer, 2 * static_cast<size_t>(kFp8ChunkRows) * H);
       Bf16* uw = gw + static_cast<size_t>(kFp8ChunkRows) * H;
@@ -529,6 +544,13 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
   run_units(threads, down_units.size(), [&](size_t ui) {
     const Unit& unit = down_units[ui];
     const Job& job = jobs[unit.job];
+    if (job.down8 != nullptr && fp8_rows(job)) {
+      kern.dot_rows_fp8_f32(job.down8 + static_cast<size_t>(unit.begin) * job.down_stride,
+                            job.down_stride, job.down_scale, fp8_tiles(job.down_stride),
+                            unit.begin, unit.end - unit.begin, job.inter, &act_ptr[job.first],
+                            job.count, down + job.first * H + unit.begin, H);
+      return;
+    }
     if (job.down8 != nullptr) {
       thread_local std::vector<Bf16> rows_buffer;
       Bf16* dw = scratch(rows_buffer, static_cast<size_t>(kFp8ChunkRows) * job.inter);
