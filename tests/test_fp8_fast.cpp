@@ -69,6 +69,45 @@ TEST(Fp8FastDequant, EveryCodeEveryIsaMatchesTheScalarDefinition) {
   }
 }
 
+// The fused decode kernel equals dequant_fp8_row + dot_rows_f32 bit for bit: rows crossing a
+// tile row (r0 = 120), k with a partial tile and tails of every length, 1 and 2 tokens.
+TEST(Fp8FastDequant, FusedRowKernelEqualsDequantiseThenDot) {
+  const int rows = 16, r0 = 120, ld = 340;
+  const size_t scale_ld = 3;
+  std::vector<uint8_t> q(static_cast<size_t>(rows) * ld);
+  for (size_t i = 0; i < q.size(); ++i) {
+    q[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
+    if ((q[i] & 0x7f) == 0x7f) q[i] = 0x3a;
+  }
+  std::vector<float> scale(2 * scale_ld);
+  for (size_t i = 0; i < scale.size(); ++i) scale[i] = 0.013f * float(i + 1) / 7.0f;
+  std::vector<float> x0(ld), x1(ld);
+  for (int c = 0; c < ld; ++c) {
+    x0[c] = std::sin(0.37f * c);
+    x1[c] = std::cos(0.11f * c) - 0.5f;
+  }
+  const float* xs[2] = {x0.data(), x1.data()};
+  for (Isa isa : isas()) {
+    const auto& kern = kernels(isa);
+    if (kern.dot_rows_fp8_f32 == nullptr) continue;
+    SCOPED_TRACE(cpu_fast::isa_name(isa));
+    for (int k : {340, 256, 200, 129, 31, 17, 5}) {
+      for (int n = 1; n <= kern.fp8_row_tokens; ++n) {
+        std::vector<Bf16> w(static_cast<size_t>(rows) * k);
+        for (int r = 0; r < rows; ++r)
+          kern.dequant_fp8_row(q.data() + r * ld, scale.data() + ((r0 + r) / 128) * scale_ld, k,
+                               w.data() + r * k);
+        std::vector<float> want(2 * rows), got(2 * rows, -1.0f);
+        kern.dot_rows_f32(w.data(), k, rows, k, xs, n, want.data(), rows);
+        kern.dot_rows_fp8_f32(q.data(), ld, scale.data(), scale_ld, r0, rows, k, xs, n,
+                              got.data(), rows);
+        for (int i = 0; i < n * rows; ++i)
+          ASSERT_EQ(got[i], want[i]) << "k " << k << ", n " << n << ", element " << i;
+      }
+    }
+  }
+}
+
 struct Case {
   const char* model;
   int hidden, inter, experts, layer;

@@ -10,6 +10,9 @@
 //   expert(e).b13/b2  [2I] / [H] fp32        gpt-oss only
 //   shared_w13        [2*Is, H] bf16         the unfused shared MLP (Is = shared_intermediate)
 //   shared_w2         [H, Is] bf16
+// Loaded with LoadOptions::expert_dtype F8_E4M3 (an fp8 block-scale checkpoint), the expert and
+// shared weights are e4m3 bytes + fp32 128x128 tile scales instead (ExpertView's fp8 fields,
+// shared_*_fp8 / shared_*_scale), the bf16 pointers null; docs/decisions/fp8_experts.md.
 //
 // expert(e) for E <= e < E+S is fused shared slot j = e-E: gate/up rows [jI,(j+1)I) of the shared
 // MLP and down columns [jI,(j+1)I), repacked once into the expert layout. Summing the S slots

@@ -76,6 +76,9 @@ void dequant_fp8_row_avx512(const uint8_t* q, const float* scale, int k, Bf16* o
 void dot_rows_fp8_f32_avx2(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
                            int r0, int rows, int k, const float* const* x, int n, float* out,
                            size_t ldo);
+void dot_rows_fp8_f32_avx512(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
+                             int r0, int rows, int k, const float* const* x, int n, float* out,
+                             size_t ldo);
 
 const Kernels& portable_kernels();
 // These two may only be called on a CPU that has the instructions (they are plain tables, but
