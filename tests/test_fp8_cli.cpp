@@ -52,8 +52,9 @@ class Fp8Cli : public ::testing::Test {
     spec_ = load_spec(cfg_);
     test::write_fp8_checkpoint(spec_, 3, 5, false, dir_ + "/ckpt");
     x_ = test::random_input(tokens_, spec_.hidden, 3, 1.0f);
-    write_safetensors(dir_ + "/x.safetensors",
-                      {{"x", {DType::BF16, {tokens_, spec_.hidden}, as_bytes_span(x_.data(), x_.size())}}});
+    write_safetensors(
+        dir_ + "/x.safetensors",
+        {{"x", {DType::BF16, {tokens_, spec_.hidden}, as_bytes_span(x_.data(), x_.size())}}});
   }
   std::string run_args(const std::string& extra) const {
     return "run --model " + cfg_ + " --weights " + dir_ + "/ckpt --layer 3 --device cpu --input " +

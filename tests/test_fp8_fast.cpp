@@ -54,16 +54,15 @@ TEST(Fp8FastDequant, EveryCodeEveryIsaMatchesTheScalarDefinition) {
   }
   const float scales[3] = {0.0123f, 3.5e-3f, 1.0f / 1024};
   std::vector<Bf16> want(k), got(k);
-  for (int c = 0; c < k; ++c)
-    want[c] = float_to_bf16(fp8_e4m3_to_float(q[c]) * scales[c / 128]);
+  for (int c = 0; c < k; ++c) want[c] = float_to_bf16(fp8_e4m3_to_float(q[c]) * scales[c / 128]);
   for (Isa isa : isas()) {
     SCOPED_TRACE(cpu_fast::isa_name(isa));
     for (int n : {k, 200, 17, 7}) {
       std::fill(got.begin(), got.end(), Bf16{0xdead});
       kernels(isa).dequant_fp8_row(q.data(), scales, n, got.data());
       for (int c = 0; c < n; ++c)
-        ASSERT_EQ(got[c].bits, want[c].bits) << "k " << n << ", column " << c << ", code 0x"
-                                             << std::hex << int(q[c]);
+        ASSERT_EQ(got[c].bits, want[c].bits)
+            << "k " << n << ", column " << c << ", code 0x" << std::hex << int(q[c]);
       for (int c = n; c < k; ++c) ASSERT_EQ(got[c].bits, 0xdead) << "wrote past k = " << n;
     }
   }
@@ -99,8 +98,8 @@ TEST(Fp8FastDequant, FusedRowKernelEqualsDequantiseThenDot) {
                                w.data() + r * k);
         std::vector<float> want(2 * rows), got(2 * rows, -1.0f);
         kern.dot_rows_f32(w.data(), k, rows, k, xs, n, want.data(), rows);
-        kern.dot_rows_fp8_f32(q.data(), ld, scale.data(), scale_ld, r0, rows, k, xs, n,
-                              got.data(), rows);
+        kern.dot_rows_fp8_f32(q.data(), ld, scale.data(), scale_ld, r0, rows, k, xs, n, got.data(),
+                              rows);
         for (int i = 0; i < n * rows; ++i)
           ASSERT_EQ(got[i], want[i]) << "k " << k << ", n " << n << ", element " << i;
       }
@@ -142,7 +141,8 @@ TEST_P(Fp8Fast, EqualsTheBf16LoadAndTheWeightOnlyReference) {
         EXPECT_EQ(a.y, b.y);
         EXPECT_EQ(a.routing.ids, ref.routing.ids);
         double err = 0;
-        for (size_t i = 0; i < a.y.size(); ++i) err = std::max(err, double(std::fabs(a.y[i] - ref.y[i])));
+        for (size_t i = 0; i < a.y.size(); ++i)
+          err = std::max(err, double(std::fabs(a.y[i] - ref.y[i])));
         EXPECT_LE(err, 2e-5 * scale);
       }
     }

@@ -40,9 +40,20 @@ struct Case {
   const char* down;
 };
 
-const Case kDeepSeek = {"deepseek-v3", 200, 96, 16, 3, "mlp.experts.{e}.gate_proj.weight",
-                        "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"};
-const Case kMiniMax = {"minimax-m2", 160, 96, 12, 0, "block_sparse_moe.experts.{e}.w1.weight",
+const Case kDeepSeek = {"deepseek-v3",
+                        200,
+                        96,
+                        16,
+                        3,
+                        "mlp.experts.{e}.gate_proj.weight",
+                        "mlp.experts.{e}.up_proj.weight",
+                        "mlp.experts.{e}.down_proj.weight"};
+const Case kMiniMax = {"minimax-m2",
+                       160,
+                       96,
+                       12,
+                       0,
+                       "block_sparse_moe.experts.{e}.w1.weight",
                        "block_sparse_moe.experts.{e}.w3.weight",
                        "block_sparse_moe.experts.{e}.w2.weight"};
 
@@ -191,9 +202,8 @@ TEST(Fp8LoadShared, SlotBoundaryOffTheTileIsAnError) {
   const std::string dir = test::scratch_dir();
   test::write_fp8_checkpoint(spec, 1, 10, false, dir);
   const auto f8 = load_checkpoint_weights(spec, 1, dir, keep_fp8());
-  expect_error([&] { f8->expert(17); },
-               {"fp8 shared-expert fusion", "slot 1 starts at column 96", "I = 96",
-                "run the shared expert unfused"});
+  expect_error([&] { f8->expert(17); }, {"fp8 shared-expert fusion", "slot 1 starts at column 96",
+                                         "I = 96", "run the shared expert unfused"});
   EXPECT_NO_THROW(f8->shared_w13_fp8());
 }
 
@@ -206,7 +216,9 @@ class Fp8LoadBad : public ::testing::Test {
     dir_ = test::scratch_dir();
     test::write_fp8_checkpoint(spec_, 3, 11, false, dir_);
   }
-  std::unique_ptr<LayerWeights> load() { return load_checkpoint_weights(spec_, 3, dir_, keep_fp8()); }
+  std::unique_ptr<LayerWeights> load() {
+    return load_checkpoint_weights(spec_, 3, dir_, keep_fp8());
+  }
   // Expert 4's up_proj and its scale.
   const std::string victim_ = "model.layers.3.mlp.experts.4.up_proj.weight";
   const std::string scale_ = victim_ + "_scale_inv";
@@ -257,9 +269,9 @@ TEST_F(Fp8LoadBad, Ue8m0ScaleThatIsNotAPowerOfTwo) {
   spec_.quant.scale_ue8m0 = true;
   expect_error([&] { load()->expert(0); },
                {"_scale_inv", "tile (0, 0)", "scale_fmt is ue8m0", "power of two"});
-  for (const std::string& s : {"experts.0.gate_proj", "experts.0.up_proj", "experts.0.down_proj",
-                               "shared_experts.gate_proj", "shared_experts.up_proj",
-                               "shared_experts.down_proj"}) {
+  for (const std::string& s :
+       {"experts.0.gate_proj", "experts.0.up_proj", "experts.0.down_proj",
+        "shared_experts.gate_proj", "shared_experts.up_proj", "shared_experts.down_proj"}) {
     const std::string name = "model.layers.3.mlp." + s + ".weight_scale_inv";
     test::edit_tensor(dir_, name, [](test::TensorEdit& t) {
       for (size_t i = 0; i < t.bytes.size() / 4; ++i) {
@@ -290,8 +302,9 @@ TEST_F(Fp8LoadBad, Bf16ExpertsCannotBeKeptInFp8) {
 }
 
 TEST_F(Fp8LoadBad, SavingFp8HeldWeightsIsAnError) {
-  expect_error([&] { save_checkpoint(*load(), test::scratch_dir("_out"), SaveCheckpointOptions{}); },
-               {"held in F8_E4M3", "load them with expert dtype BF16"});
+  expect_error(
+      [&] { save_checkpoint(*load(), test::scratch_dir("_out"), SaveCheckpointOptions{}); },
+      {"held in F8_E4M3", "load them with expert dtype BF16"});
 }
 
 }  // namespace

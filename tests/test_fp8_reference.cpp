@@ -35,8 +35,8 @@ double silu_glu(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
 // ---- the independent computations
 
 // y[H] = down . (silu(gate . x) * (up . x)) over bf16 weights, in double.
-std::vector<double> mlp_bf16(const Bf16* gate, const Bf16* up, const Bf16* down, size_t H,
-                             size_t I, const std::vector<double>& x) {
+std::vector<double> mlp_bf16(const Bf16* gate, const Bf16* up, const Bf16* down, size_t H, size_t I,
+                             const std::vector<double>& x) {
   std::vector<double> h(I), y(H, 0.0);
   for (size_t i = 0; i < I; ++i) {
     double g = 0, u = 0;
@@ -117,7 +117,8 @@ struct Case {
   int hidden, inter, experts, layer;
 };
 // Edge tiles in both dimensions: H = 200 (one full tile + 72), I = 96 (one partial tile).
-const Case kCases[] = {{"deepseek-v3", 200, 96, 16, 3}, {"minimax-m2", 160, 96, 12, 0},
+const Case kCases[] = {{"deepseek-v3", 200, 96, 16, 3},
+                       {"minimax-m2", 160, 96, 12, 0},
                        {"deepseek-v3", 200, 128, 16, 3}};
 
 class Fp8Reference : public ::testing::TestWithParam<Case> {

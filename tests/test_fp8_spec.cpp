@@ -59,24 +59,48 @@ TEST(Fp8Spec, OmittedKeysTakeTheTransformersDefaults) {
 }
 
 TEST(Fp8Spec, UnsupportedValuesAreErrorsNamingKeyAndValue) {
-  expect_error([] { with_quant({{"quant_method", "fp8"}, {"fmt", "e5m2"}}); },
-               {"dsv3-quant", "quantization_config.fmt", "'e5m2'", "e4m3"});
-  expect_error([] { with_quant({{"quant_method", "fp8"}, {"weight_block_size", {64, 128}}}); },
-               {"quantization_config.weight_block_size", "[64, 128]", "expected [128, 128]"});
-  expect_error([] { with_quant({{"quant_method", "fp8"}, {"weight_block_size", {128}}}); },
-               {"quantization_config.weight_block_size", "two integers"});
-  expect_error([] { with_quant({{"quant_method", "fp8"}, {"weight_block_size", "128"}}); },
-               {"quantization_config.weight_block_size", "two integers", "\"128\""});
-  expect_error([] { with_quant({{"quant_method", "awq"}}); },
-               {"quantization_config.quant_method", "'awq'", "fp8 or mxfp4"});
-  expect_error([] { with_quant({{"quant_method", "fp8"}, {"activation_scheme", "static"}}); },
-               {"quantization_config.activation_scheme", "'static'", "dynamic"});
-  expect_error([] { with_quant({{"quant_method", "fp8"}, {"scale_fmt", "e8m0x"}}); },
-               {"quantization_config.scale_fmt", "'e8m0x'"});
+  expect_error(
+      [] {
+        with_quant({{"quant_method", "fp8"}, {"fmt", "e5m2"}});
+      },
+      {"dsv3-quant", "quantization_config.fmt", "'e5m2'", "e4m3"});
+  expect_error(
+      [] {
+        with_quant({{"quant_method", "fp8"}, {"weight_block_size", {64, 128}}});
+      },
+      {"quantization_config.weight_block_size", "[64, 128]", "expected [128, 128]"});
+  expect_error(
+      [] {
+        with_quant({{"quant_method", "fp8"}, {"weight_block_size", {128}}});
+      },
+      {"quantization_config.weight_block_size", "two integers"});
+  expect_error(
+      [] {
+        with_quant({{"quant_method", "fp8"}, {"weight_block_size", "128"}});
+      },
+      {"quantization_config.weight_block_size", "two integers", "\"128\""});
+  expect_error(
+      [] {
+        with_quant({{"quant_method", "awq"}});
+      },
+      {"quantization_config.quant_method", "'awq'", "fp8 or mxfp4"});
+  expect_error(
+      [] {
+        with_quant({{"quant_method", "fp8"}, {"activation_scheme", "static"}});
+      },
+      {"quantization_config.activation_scheme", "'static'", "dynamic"});
+  expect_error(
+      [] {
+        with_quant({{"quant_method", "fp8"}, {"scale_fmt", "e8m0x"}});
+      },
+      {"quantization_config.scale_fmt", "'e8m0x'"});
   expect_error([] { with_quant({{"fmt", "e4m3"}}); }, {"quantization_config", "'quant_method'"});
   expect_error([] { with_quant(42); }, {"quantization_config must be an object", "42"});
-  expect_error([] { with_quant({{"quant_method", "fp8"}, {"modules_to_not_convert", {1}}}); },
-               {"quantization_config.modules_to_not_convert", "non-string"});
+  expect_error(
+      [] {
+        with_quant({{"quant_method", "fp8"}, {"modules_to_not_convert", {1}}});
+      },
+      {"quantization_config.modules_to_not_convert", "non-string"});
 }
 
 // One DeepSeek-V3 expert in fp8: 3 x 7168 x 2048 bytes + fp32 scales of the gate's and the up's

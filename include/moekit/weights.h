@@ -74,11 +74,12 @@ class LayerWeights {
   // How the experts and the shared MLP are held: BF16 (expert(e).w13/w2, shared_w13/w2), or
   // F8_E4M3 (expert(e).w13_fp8/..., the shared_*_fp8 / _scale below; the bf16 ones are null).
   DType expert_dtype() const { return expert_dtype_; }
-  // The shared MLP in fp8, laid out as ExpertView's fp8 fields with I -> Is.
-  const uint8_t* shared_w13_fp8() const { return ptr(shared_w13_fp8_); }    // [2Is, H]
-  const float* shared_w13_scale() const { return ptr(shared_w13_scale_); }  // [2*ceil(Is/128), ceil(H/128)]
-  const uint8_t* shared_w2_fp8() const { return ptr(shared_w2_fp8_); }      // [H, Is]
-  const float* shared_w2_scale() const { return ptr(shared_w2_scale_); }    // [ceil(H/128), ceil(Is/128)]
+  // The shared MLP in fp8, laid out as ExpertView's fp8 fields with I -> Is: w13 [2Is, H],
+  // w13 scale [2*ceil(Is/128), ceil(H/128)], w2 [H, Is], w2 scale [ceil(H/128), ceil(Is/128)].
+  const uint8_t* shared_w13_fp8() const { return ptr(shared_w13_fp8_); }
+  const float* shared_w13_scale() const { return ptr(shared_w13_scale_); }
+  const uint8_t* shared_w2_fp8() const { return ptr(shared_w2_fp8_); }
+  const float* shared_w2_scale() const { return ptr(shared_w2_scale_); }
 
   // Routed expert (e < E) or fused shared slot (E <= e < E + shared_slots()).
   // Thread-safe; materialises on first use; the pointers stay valid for the object's life.

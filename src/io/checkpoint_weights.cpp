@@ -316,7 +316,8 @@ class CheckpointLayerWeights final : public LayerWeights {
                            << "): a 128-row scale tile holds gate and up rows together, which "
                            << "moekit's fp8 layout (gate and up tiled separately) cannot hold");
     for (const PerExpertSrc& src : per_expert_) {
-      io::require_fp8(src.gate, form_ == ExpertForm::Stacked ? "stacked gate_up_proj" : "gate_proj");
+      const bool stacked = form_ == ExpertForm::Stacked;
+      io::require_fp8(src.gate, stacked ? "stacked gate_up_proj" : "gate_proj");
       if (form_ == ExpertForm::PerExpert) io::require_fp8(src.up, "up_proj");
       io::require_fp8(src.down, "down_proj");
     }
@@ -351,7 +352,8 @@ class CheckpointLayerWeights final : public LayerWeights {
     const std::string ex = "expert " + std::to_string(e);
     io::build_fp8_mlp(src.gate, form_ == ExpertForm::Stacked ? nullptr : &src.up, src.down,
                       spec_.expert_intermediate, spec_.hidden, spec_.quant.scale_ue8m0,
-                      where(ex + " gate/up weight [2I, H]"), where(ex + " down weight [H, I]"), out);
+                      where(ex + " gate/up weight [2I, H]"), where(ex + " down weight [H, I]"),
+                      out);
   }
 
   // The first naming (spec family's first), block and layer prefix whose router tensor exists.

@@ -12,7 +12,8 @@
 namespace moekit::io {
 
 void require_fp8(const MatrixSrc& m, const std::string& what) {
-  const std::string dtype = m.fp4 ? "packed FP4 (" + m.w.info->dtype_name + ")" : dtype_name(m.dtype);
+  const std::string dtype =
+      m.fp4 ? "packed FP4 (" + m.w.info->dtype_name + ")" : dtype_name(m.dtype);
   MK_CHECK(!m.fp4 && m.dtype == DType::F8_E4M3 && m.scale,
            "checkpoint tensor " << m.w.where() << " (" << what << "): expected dtype F8_E4M3 with "
                                 << "a 128x128 block scale to keep the experts in fp8, got " << dtype

@@ -22,8 +22,8 @@ void dequant_fp8_row_avx2(const uint8_t* q, const float* scale, int k, Bf16* out
                                    _mm_slli_epi16(_mm_and_si128(b, magnitude), 7));
     const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(scale[c >> 7] * 256.0f));
     __m256i u = _mm256_castps_si256(f);
-    u = _mm256_add_epi32(u, _mm256_add_epi32(round_bias,
-                                             _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+    u = _mm256_add_epi32(
+        u, _mm256_add_epi32(round_bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
     u = _mm256_srli_epi32(u, 16);
     // pack 8 x 32 -> 8 x 16 (values < 2^16): per 128-bit lane, then the two low quads together
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(u, u), 0x08);
@@ -38,13 +38,14 @@ namespace {
 inline __m256 load_fp8x8(const uint8_t* q, __m256 scale256) {
   // code << 8 per 16-bit lane, shifted right arithmetically: the sign lands in bits 15 and 14,
   // the 7 other bits in 13..7; clearing bit 14 leaves the fp16 of the value times 2^-8
-  const __m128i b8 = _mm_unpacklo_epi8(_mm_setzero_si128(),
-                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-  const __m128i h = _mm_and_si128(_mm_srai_epi16(b8, 1), _mm_set1_epi16(static_cast<short>(0xbfff)));
+  const __m128i b8 =
+      _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+  const __m128i h =
+      _mm_and_si128(_mm_srai_epi16(b8, 1), _mm_set1_epi16(static_cast<short>(0xbfff)));
   __m256i u = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtph_ps(h), scale256));
-  u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                           _mm256_and_si256(_mm256_srli_epi32(u, 16),
-                                                            _mm256_set1_epi32(1))));
+  u = _mm256_add_epi32(
+      u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                          _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
   return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
@@ -58,8 +59,8 @@ inline float hsum(__m256 v) {
 }
 
 template <int J>
-void dot_row_fp8_f32(const uint8_t* q, const float* scale, int k, const float* const* x,
-                     float* out, size_t ldo) {
+void dot_row_fp8_f32(const uint8_t* q, const float* scale, int k, const float* const* x, float* out,
+                     size_t ldo) {
   __m256 a0[J], a1[J];
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
   const int k_main = k & ~15;

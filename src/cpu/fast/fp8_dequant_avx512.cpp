@@ -33,8 +33,8 @@ void dequant_fp8_row_avx512(const uint8_t* q, const float* scale, int k, Bf16* o
     // 16 columns never straddle a 128-wide tile
     const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(scale[c >> 7] * 256.0f));
     __m512i u = _mm512_castps_si512(f);
-    u = _mm512_add_epi32(u, _mm512_add_epi32(round_bias,
-                                             _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+    u = _mm512_add_epi32(
+        u, _mm512_add_epi32(round_bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
     _mm256_mask_storeu_epi16(out + c, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
   }
 }
@@ -48,16 +48,15 @@ inline __m512 load_fp8x16(const uint8_t* q, __mmask16 m, __m512 scale256) {
   const __m256i h =
       _mm256_and_si256(_mm256_srai_epi16(b8, 1), _mm256_set1_epi16(static_cast<short>(0xbfff)));
   __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtph_ps(h), scale256));
-  u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                           _mm512_and_si512(_mm512_srli_epi32(u, 16),
-                                                            _mm512_set1_epi32(1))));
-  return _mm512_castsi512_ps(
-      _mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  u = _mm512_add_epi32(
+      u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+  return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
 template <int J>
-void dot_row_fp8_f32(const uint8_t* q, const float* scale, int k, const float* const* x,
-                     float* out, size_t ldo) {
+void dot_row_fp8_f32(const uint8_t* q, const float* scale, int k, const float* const* x, float* out,
+                     size_t ldo) {
   __m512 a0[J], a1[J];
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
   const int k_main = k & ~31;
