@@ -33,6 +33,27 @@ enum class SharedKind {
   Gated,  // multiplied per token by sigmoid(x . w_shared_gate) (Qwen2-MoE)
 };
 
+// The checkpoint's weight quantisation: config.json's quantization_config, read as transformers'
+// AutoQuantizationConfig reads it (src/spec/quant_config.cpp).
+enum class QuantKind {
+  None,      // no quantization_config: the weights are float (bf16/f16/f32)
+  Fp8Block,  // quant_method "fp8": e4m3 weights, one fp32 multiplier per 128x128 tile
+  Mxfp4,     // quant_method "mxfp4" (gpt-oss): e2m1 experts, an e8m0 scale per 32 columns
+};
+const char* quant_kind_name(QuantKind k);  // "none", "fp8-block", "mxfp4"
+
+struct QuantSpec {
+  QuantKind kind = QuantKind::None;
+  // Fp8Block: weight_block_size [out, in]; moekit supports [128, 128], what every fp8 model ships.
+  int block_out = 0;
+  int block_in = 0;
+  // scale_fmt "ue8m0" (DeepSeek-V3.1+/V4): every weight scale is a power of two (the loader
+  // checks it) and W8A8 rounds each activation scale up to a power of two, as DeepSeek does.
+  bool scale_ue8m0 = false;
+  std::string activation_scheme;  // "dynamic": activations quantised per token at run time
+  std::vector<std::string> modules_to_not_convert;  // kept in their float dtype (router, biases)
+};
+
 struct MoeSpec {
   // identity
   std::string name;        // short name ("deepseek-v3") or the path it was read from
@@ -74,6 +95,10 @@ struct MoeSpec {
   // runs the scored layers (hash routing needs the token ids, which an MoE block does not see).
   int num_hash_layers = 0;
 
+  // How the checkpoint stores its weights (the router is never quantised by moekit).
+  QuantSpec quant;
+  bool fp8_experts() const { return quant.kind == QuantKind::Fp8Block; }
+
   // Shared slots after fusion: shared_intermediate / I when it divides evenly, else 0.
   int shared_slots() const;
   bool can_fuse_shared() const { return shared_slots() > 0; }
@@ -87,6 +112,10 @@ struct MoeSpec {
   size_t expert_bytes() const;
   size_t shared_bytes() const;
   size_t router_bytes() const;
+  // The same in the checkpoint's fp8 form: one byte per weight plus the fp32 scale of each
+  // 128x128 tile (gate and up tiled separately, as the checkpoints store them).
+  size_t fp8_expert_bytes() const;
+  size_t fp8_shared_bytes() const;
 };
 
 // How a config is read. A supported model_type (supported_model_types(): the families of

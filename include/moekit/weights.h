@@ -10,6 +10,9 @@
 //   expert(e).b13/b2  [2I] / [H] fp32        gpt-oss only
 //   shared_w13        [2*Is, H] bf16         the unfused shared MLP (Is = shared_intermediate)
 //   shared_w2         [H, Is] bf16
+// Loaded with LoadOptions::expert_dtype F8_E4M3 (an fp8 block-scale checkpoint), the expert and
+// shared weights are e4m3 bytes + fp32 128x128 tile scales instead (ExpertView's fp8 fields,
+// shared_*_fp8 / shared_*_scale), the bf16 pointers null; docs/decisions/fp8_experts.md.
 //
 // expert(e) for E <= e < E+S is fused shared slot j = e-E: gate/up rows [jI,(j+1)I) of the shared
 // MLP and down columns [jI,(j+1)I), repacked once into the expert layout. Summing the S slots
@@ -33,11 +36,22 @@
 
 namespace moekit {
 
+// Rows and columns of one fp8 weight tile (weight_block_size [128, 128] of the fp8 checkpoints).
+inline constexpr int kFp8Tile = 128;
+
 struct ExpertView {
   const Bf16* w13 = nullptr;  // [2I, H]
   const Bf16* w2 = nullptr;   // [H, I]
   const float* b13 = nullptr; // [2I] or null
   const float* b2 = nullptr;  // [H] or null
+  // The fp8 form, set instead of w13/w2 when LayerWeights::expert_dtype() is F8_E4M3:
+  // w = fp8 x scale per 128x128 tile, the tiles at the right and bottom edges partial. Gate and up
+  // are tiled separately, as the checkpoints store them, so the gate's tile rows are followed by
+  // the up's; with I % 128 == 0 that is the [ceil(2I/128), ceil(H/128)] grid of the stacked w13.
+  const uint8_t* w13_fp8 = nullptr;  // [2I, H] e4m3fn: gate rows [0,I), then up rows [I,2I)
+  const float* w13_scale = nullptr;  // [2*ceil(I/128), ceil(H/128)] fp32: gate tiles, up tiles
+  const uint8_t* w2_fp8 = nullptr;   // [H, I] e4m3fn
+  const float* w2_scale = nullptr;   // [ceil(H/128), ceil(I/128)] fp32
 };
 
 class LayerWeights {
@@ -62,6 +76,16 @@ class LayerWeights {
   }
   virtual const Bf16* shared_w2() const { return shared_w2_.empty() ? nullptr : shared_w2_.data(); }
 
+  // How the experts and the shared MLP are held: BF16 (expert(e).w13/w2, shared_w13/w2), or
+  // F8_E4M3 (expert(e).w13_fp8/..., the shared_*_fp8 / _scale below; the bf16 ones are null).
+  DType expert_dtype() const { return expert_dtype_; }
+  // The shared MLP in fp8, laid out as ExpertView's fp8 fields with I -> Is: w13 [2Is, H],
+  // w13 scale [2*ceil(Is/128), ceil(H/128)], w2 [H, Is], w2 scale [ceil(H/128), ceil(Is/128)].
+  const uint8_t* shared_w13_fp8() const { return ptr(shared_w13_fp8_); }
+  const float* shared_w13_scale() const { return ptr(shared_w13_scale_); }
+  const uint8_t* shared_w2_fp8() const { return ptr(shared_w2_fp8_); }
+  const float* shared_w2_scale() const { return ptr(shared_w2_scale_); }
+
   // Routed expert (e < E) or fused shared slot (E <= e < E + shared_slots()).
   // Thread-safe; materialises on first use; the pointers stay valid for the object's life.
   virtual ExpertView expert(int e) const = 0;
@@ -85,17 +109,36 @@ class LayerWeights {
   std::vector<float> correction_bias_;
   std::vector<Bf16> shared_w13_;
   std::vector<Bf16> shared_w2_;
+  DType expert_dtype_ = DType::BF16;
+  std::vector<uint8_t> shared_w13_fp8_, shared_w2_fp8_;
+  std::vector<float> shared_w13_scale_, shared_w2_scale_;
+
+ private:
+  template <typename T>
+  static const T* ptr(const std::vector<T>& v) {
+    return v.empty() ? nullptr : v.data();
+  }
 };
 
 // Deterministic random weights: every value a function of (seed, layer, tensor, index), scaled
 // so a layer's output is O(1) for O(1) inputs. Experts are generated on first use.
 std::unique_ptr<LayerWeights> make_random_weights(const MoeSpec& spec, int layer, uint64_t seed);
 
+struct LoadOptions {
+  // How expert and shared-MLP weights are held. BF16 (the default, and what the CUDA layer
+  // uploads): every float or quantised storage converted to bf16 on first use. F8_E4M3: an fp8
+  // block-scale checkpoint's e4m3 bytes kept as stored (mapped in place where the layout allows)
+  // with fp32 tile scales, for the fp8 compute paths; any expert tensor that is not F8_E4M3 with
+  // a 128x128 scale is then an error.
+  DType expert_dtype = DType::BF16;
+};
+
 // Weights of MoE layer `layer` from a checkpoint directory (*.safetensors, with or without
 // model.safetensors.index.json), under the names the published checkpoints use for the spec's
 // family (per-expert or stacked forms). Throws naming the missing tensor or the wrong shape/dtype.
 std::unique_ptr<LayerWeights> load_checkpoint_weights(const MoeSpec& spec, int layer,
-                                                      const std::string& dir);
+                                                      const std::string& dir,
+                                                      const LoadOptions& options = {});
 
 // Memory a forward over `tokens` tokens needs on the host: router, shared expert, and at most
 // min(E, tokens * k) materialised experts (+ fused slots), in bytes.

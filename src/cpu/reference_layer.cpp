@@ -16,6 +16,12 @@
 // rounded to fp32 once at the end. The router bias is added here, in the router "epilogue", so
 // route() always receives the logits the selection works on.
 //
+// fp8 weights (LayerWeights::expert_dtype() F8_E4M3) run the same MLP with the projections in one
+// of two modes (layer.h, Fp8Compute; reference_fp8.h): weight-only reads each weight row as
+// bf16(fp8 x tile scale), so it equals the bf16 reference on the dequantised checkpoint exactly;
+// W8A8 quantises x per 128 channels, takes per-tile block dot products, and quantises the
+// intermediate h per 128 channels again before the down projection. The router is not quantised.
+//
 // Tokens are independent, so forward() splits them across threads; each token's arithmetic is
 // the same sequence whatever the thread count, so results do not depend on it.
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu/reference_fp8.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
 
@@ -104,18 +111,65 @@ double activate(const MoeSpec& spec, double g, double u) {
 // One gated MLP of `width` intermediate elements on one token; writes
 // out[H] = W2[:, 0:width] . act(gate . x + b_gate, up . x + b_up) + b2.
 //   gate, up: [width, H] rows (row stride H); down: [H, *] with row stride down_stride.
+//   fp8: gate8/up8/down8 instead (reference_fp8.h), computed per `mode`.
 struct MlpView {
   const Bf16* gate = nullptr;
   const Bf16* up = nullptr;
   const Bf16* down = nullptr;
   int down_stride = 0;
+  bool fp8 = false;
+  Fp8Rows gate8, up8, down8;
+  Fp8Compute mode = Fp8Compute::W8A8;
+  bool ue8m0 = false;  // W8A8 activation scales rounded up to powers of two
   int width = 0;
   const float* b_gate = nullptr;  // [width] or null
   const float* b_up = nullptr;    // [width] or null
   const float* b_down = nullptr;  // [H] or null
 };
 
+// The fp8 MLP: projections per m.mode, the rest as mlp_forward.
+void mlp_forward_fp8(const MoeSpec& spec, const MlpView& m, const double* x, double* out) {
+  const int hidden = spec.hidden;
+  const bool w8a8 = m.mode == Fp8Compute::W8A8;
+  std::vector<double> act(m.width);
+  // Weight-only: each row dequantised, then the bf16 dot; W8A8: x and h quantised once.
+  std::vector<Bf16> row(std::max(hidden, m.width));
+  std::vector<float> v(std::max(hidden, m.width));
+  std::vector<uint8_t> q(v.size());
+  std::vector<float> qs((v.size() + kFp8Tile - 1) / kFp8Tile);
+  if (w8a8) {
+    for (int k = 0; k < hidden; ++k) v[k] = static_cast<float>(x[k]);  // bf16 values: exact
+    quantize_activation_fp8(v.data(), hidden, m.ue8m0, q.data(), qs.data());
+  }
+  auto project = [&](const Fp8Rows& w, size_t r, const double* in, int n) {
+    if (w8a8) return dot_w8a8(w, r, q.data(), qs.data(), n);
+    dequant_row(w, r, n, row.data());
+    return dot_bf16(row.data(), in, n);
+  };
+  for (int i = 0; i < m.width; ++i) {
+    double g = project(m.gate8, i, x, hidden);
+    double u = project(m.up8, i, x, hidden);
+    if (m.b_gate) g += m.b_gate[i];
+    if (m.b_up) u += m.b_up[i];
+    act[i] = activate(spec, g, u);
+  }
+  if (w8a8) {
+    // h is re-quantised per 128 channels (from its fp32 value) before the down projection.
+    for (int i = 0; i < m.width; ++i) v[i] = static_cast<float>(act[i]);
+    quantize_activation_fp8(v.data(), m.width, m.ue8m0, q.data(), qs.data());
+  }
+  for (int h = 0; h < hidden; ++h) {
+    double acc = project(m.down8, h, act.data(), m.width);
+    if (m.b_down) acc += m.b_down[h];
+    out[h] = acc;
+  }
+}
+
 void mlp_forward(const MoeSpec& spec, const MlpView& m, const double* x, double* out) {
+  if (m.fp8) {
+    mlp_forward_fp8(spec, m, x, out);
+    return;
+  }
   const int hidden = spec.hidden;
   std::vector<double> act(m.width);
   for (int i = 0; i < m.width; ++i) {
@@ -132,14 +186,40 @@ void mlp_forward(const MoeSpec& spec, const MlpView& m, const double* x, double*
   }
 }
 
-MlpView expert_view(const MoeSpec& spec, const ExpertView& ex) {
+size_t tiles(size_t n) { return (n + kFp8Tile - 1) / kFp8Tile; }
+
+// gate [width, H] and up [width, H] in rows [0, width) and [width, 2 width) of w13, their tiles
+// in tile rows [0, tiles(width)) and [tiles(width), 2 tiles(width)) of the scales; down [H, *]
+// with ld columns.
+void set_fp8(const MoeSpec& spec, const uint8_t* w13, const float* s13, const uint8_t* w2,
+             const float* s2, size_t width, size_t ld, Fp8Compute mode, MlpView& m) {
+  const size_t H = spec.hidden;
+  m.fp8 = true;
+  m.mode = mode;
+  m.ue8m0 = spec.quant.scale_ue8m0;
+  m.gate8 = {w13, s13, H, tiles(H)};
+  m.up8 = {w13 + width * H, s13 + tiles(width) * tiles(H), H, tiles(H)};
+  m.down8 = {w2, s2, ld, tiles(ld)};
+}
+
+MlpView expert_view(const MoeSpec& spec, const ExpertView& ex, Fp8Compute mode) {
   const int inter = spec.expert_intermediate;
-  MK_CHECK(ex.w13 != nullptr && ex.w2 != nullptr,
-           "expert weights are null (w13 " << ex.w13 << ", w2 " << ex.w2 << ")");
   MlpView m;
-  m.gate = ex.w13;
-  m.up = ex.w13 + static_cast<size_t>(inter) * spec.hidden;
-  m.down = ex.w2;
+  if (ex.w13_fp8 != nullptr) {
+    MK_CHECK(ex.w13_scale != nullptr && ex.w2_fp8 != nullptr && ex.w2_scale != nullptr,
+             "fp8 expert weights are incomplete (w13 " << static_cast<const void*>(ex.w13_fp8)
+                                                       << ", w2 "
+                                                       << static_cast<const void*>(ex.w2_fp8)
+                                                       << ", scales " << ex.w13_scale << ", "
+                                                       << ex.w2_scale << ")");
+    set_fp8(spec, ex.w13_fp8, ex.w13_scale, ex.w2_fp8, ex.w2_scale, inter, inter, mode, m);
+  } else {
+    MK_CHECK(ex.w13 != nullptr && ex.w2 != nullptr,
+             "expert weights are null (w13 " << ex.w13 << ", w2 " << ex.w2 << ")");
+    m.gate = ex.w13;
+    m.up = ex.w13 + static_cast<size_t>(inter) * spec.hidden;
+    m.down = ex.w2;
+  }
   m.down_stride = inter;
   m.width = inter;
   if (ex.b13) {
@@ -150,17 +230,25 @@ MlpView expert_view(const MoeSpec& spec, const ExpertView& ex) {
   return m;
 }
 
-MlpView shared_view(const LayerWeights& w) {
+MlpView shared_view(const LayerWeights& w, Fp8Compute mode) {
   const MoeSpec& spec = w.spec();
   const int width = spec.shared_intermediate;
   MK_CHECK(spec.shared_kind != SharedKind::None && width > 0,
            spec.name << " has no shared expert (shared_intermediate " << width << ")");
-  MK_CHECK(w.shared_w13() != nullptr && w.shared_w2() != nullptr,
-           "shared expert weights of " << spec.name << " are missing");
   MlpView m;
-  m.gate = w.shared_w13();
-  m.up = w.shared_w13() + static_cast<size_t>(width) * spec.hidden;
-  m.down = w.shared_w2();
+  if (w.expert_dtype() == DType::F8_E4M3) {
+    MK_CHECK(w.shared_w13_fp8() && w.shared_w13_scale() && w.shared_w2_fp8() &&
+                 w.shared_w2_scale(),
+             "fp8 shared expert weights of " << spec.name << " are missing");
+    set_fp8(spec, w.shared_w13_fp8(), w.shared_w13_scale(), w.shared_w2_fp8(),
+            w.shared_w2_scale(), width, width, mode, m);
+  } else {
+    MK_CHECK(w.shared_w13() != nullptr && w.shared_w2() != nullptr,
+             "shared expert weights of " << spec.name << " are missing");
+    m.gate = w.shared_w13();
+    m.up = w.shared_w13() + static_cast<size_t>(width) * spec.hidden;
+    m.down = w.shared_w2();
+  }
   m.down_stride = width;
   m.width = width;
   return m;
@@ -206,23 +294,24 @@ std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int token
   return logits;
 }
 
-void expert_forward(const MoeSpec& spec, const ExpertView& ex, const Bf16* x, float* out) {
+void expert_forward(const MoeSpec& spec, const ExpertView& ex, const Bf16* x, float* out,
+                    Fp8Compute fp8) {
   const std::vector<double> xd = to_double(x, spec.hidden);
   std::vector<double> yd(spec.hidden);
-  mlp_forward(spec, expert_view(spec, ex), xd.data(), yd.data());
+  mlp_forward(spec, expert_view(spec, ex, fp8), xd.data(), yd.data());
   for (int h = 0; h < spec.hidden; ++h) out[h] = static_cast<float>(yd[h]);
 }
 
-void shared_forward(const LayerWeights& w, const Bf16* x, float* out) {
+void shared_forward(const LayerWeights& w, const Bf16* x, float* out, Fp8Compute fp8) {
   const MoeSpec& spec = w.spec();
   const std::vector<double> xd = to_double(x, spec.hidden);
   std::vector<double> yd(spec.hidden);
-  mlp_forward(spec, shared_view(w), xd.data(), yd.data());
+  mlp_forward(spec, shared_view(w, fp8), xd.data(), yd.data());
   for (int h = 0; h < spec.hidden; ++h) out[h] = static_cast<float>(yd[h]);
 }
 
 std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, const Routing& r,
-                           bool add_shared, int held_begin, int held_end) {
+                           bool add_shared, int held_begin, int held_end, Fp8Compute fp8) {
   const MoeSpec& spec = w.spec();
   const int hidden = spec.hidden;
   const int E = spec.num_experts;
@@ -261,9 +350,9 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
       MK_CHECK(ex.b13 != nullptr && ex.b2 != nullptr,
                spec.name << " has expert biases but expert " << e << " holds none");
     }
-    views[e] = expert_view(spec, ex);
+    views[e] = expert_view(spec, ex, fp8);
   }
-  const MlpView shared = add_shared ? shared_view(w) : MlpView{};
+  const MlpView shared = add_shared ? shared_view(w, fp8) : MlpView{};
   MK_CHECK(!add_shared || r.shared_scale.size() == static_cast<size_t>(tokens),
            "expected " << tokens << " shared scales, got " << r.shared_scale.size());
 
@@ -290,7 +379,8 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   return y;
 }
 
-ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse) {
+ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
+                      Fp8Compute fp8) {
   const MoeSpec& spec = w.spec();
   const int hidden = spec.hidden;
   check_finite_input(x, tokens, hidden);
@@ -307,7 +397,7 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
   const std::vector<float> logits = router_logits(w, x, tokens);
   result.routing = route(cfg, logits.data(), tokens, w.correction_bias());
   const bool add_shared = !fused && spec.shared_kind != SharedKind::None;
-  result.y = experts(w, x, tokens, result.routing, add_shared);
+  result.y = experts(w, x, tokens, result.routing, add_shared, 0, -1, fp8);
   return result;
 }
 

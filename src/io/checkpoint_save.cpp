@@ -146,6 +146,10 @@ std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
   const int64_t e64 = E, h64 = H, i64 = I, is64 = Is;
   MK_CHECK(o.expert_dtype != DType::F8_E4M3 || !s.interleaved,
            "save_checkpoint: the gpt-oss naming has no fp8 block-scale form; use BF16, F16 or F32");
+  MK_CHECK(w.expert_dtype() == DType::BF16,
+           "save_checkpoint: the weights of " << w.origin() << " are held in "
+                                              << dtype_name(w.expert_dtype())
+                                              << "; load them with expert dtype BF16 to save");
   TensorSet out(naming, o.expert_dtype);
 
   // Router (in the weights' router dtype), Qwen2's shared gate row apart.

@@ -7,7 +7,9 @@
 // call: bf16 data that is already in moekit's layout (a per-expert down_proj, a stacked
 // gate_up_proj slice) is used in place in the mapping, so its pages come from disk only when a
 // kernel touches them; anything else (gate and up in separate tensors, F16/F32/F8 storage, gpt-oss
-// transposed or MXFP4 layouts) is converted into an owned bf16 buffer once.
+// transposed or MXFP4 layouts) is converted into an owned bf16 buffer once. With
+// LoadOptions::expert_dtype F8_E4M3 the experts and the shared MLP stay e4m3 bytes + fp32 tile
+// scales instead (io/fp8_experts.h), and every expert tensor must be F8_E4M3.
 //
 // Every value read is checked for finiteness: router, biases and shared MLP at load, a routed
 // expert when it is materialised (after any dequantisation, so a scale that overflows bf16 is
@@ -26,6 +28,7 @@
 #include "common/text_escape.h"
 #include "io/checkpoint_names.h"
 #include "io/finite_check.h"
+#include "io/fp8_experts.h"
 #include "io/lazy_experts.h"
 #include "io/matrix_source.h"
 #include "io/tensor_convert.h"
@@ -191,7 +194,8 @@ class LayerTensors {
 
 class CheckpointLayerWeights final : public LayerWeights {
  public:
-  CheckpointLayerWeights(const MoeSpec& spec, int layer, const std::string& path)
+  CheckpointLayerWeights(const MoeSpec& spec, int layer, const std::string& path,
+                         const LoadOptions& options)
       : LayerWeights(spec, layer),
         dir_(path),
         experts_(spec.num_experts + spec.shared_slots(),
@@ -201,6 +205,11 @@ class CheckpointLayerWeights final : public LayerWeights {
     const int64_t E = spec.num_experts, H = spec.hidden, I = spec.expert_intermediate;
     const int64_t Is = spec.shared_intermediate;
     naming_ = s.naming;
+    MK_CHECK(options.expert_dtype == DType::BF16 || options.expert_dtype == DType::F8_E4M3,
+             "load_checkpoint_weights: expected expert dtype BF16 or F8_E4M3, got "
+                 << dtype_name(options.expert_dtype));
+    expert_dtype_ = options.expert_dtype;
+    const bool fp8 = expert_dtype_ == DType::F8_E4M3;
 
     load_router(t);
 
@@ -258,20 +267,26 @@ class CheckpointLayerWeights final : public LayerWeights {
                             << t.full(s.stacked_gate_up) << "'");
     }
 
+    if (fp8) check_fp8_experts();
+
     // Shared MLP, read now: every token uses it.
     if (spec.shared_kind != SharedKind::None) {
       MK_CHECK(!s.shared_gate.empty(), "spec " << spec.name << " has a shared expert, but the "
                                                << checkpoint_naming_name(s.naming)
                                                << " naming has none");
-      const size_t h = H, is = Is;
-      shared_w13_.resize(2 * is * h);
-      shared_w2_.resize(h * is);
-      read_bf16(t.matrix(s.shared_gate, is, h, "shared gate_proj, Is x H"), shared_w13_.data());
-      read_bf16(t.matrix(s.shared_up, is, h, "shared up_proj, Is x H"),
-                shared_w13_.data() + is * h);
-      read_bf16(t.matrix(s.shared_down, h, is, "shared down_proj, H x Is"), shared_w2_.data());
-      io::check_finite(shared_w13_.data(), 2 * is, h, where("shared gate/up weight [2Is, H]"));
-      io::check_finite(shared_w2_.data(), h, is, where("shared down weight [H, Is]"));
+      if (fp8) {
+        load_shared_fp8(t);
+      } else {
+        const size_t h = H, is = Is;
+        shared_w13_.resize(2 * is * h);
+        shared_w2_.resize(h * is);
+        read_bf16(t.matrix(s.shared_gate, is, h, "shared gate_proj, Is x H"), shared_w13_.data());
+        read_bf16(t.matrix(s.shared_up, is, h, "shared up_proj, Is x H"),
+                  shared_w13_.data() + is * h);
+        read_bf16(t.matrix(s.shared_down, h, is, "shared down_proj, H x Is"), shared_w2_.data());
+        io::check_finite(shared_w13_.data(), 2 * is, h, where("shared gate/up weight [2Is, H]"));
+        io::check_finite(shared_w2_.data(), h, is, where("shared down weight [H, Is]"));
+      }
     }
   }
 
@@ -279,13 +294,67 @@ class CheckpointLayerWeights final : public LayerWeights {
   int materialised_experts() const override { return experts_.materialised(); }
   std::string origin() const override {
     return "checkpoint " + escape_text(dir_.path()) + " (" + checkpoint_naming_name(naming_) + " naming, " +
-           form_name(form_) + " experts)";
+           form_name(form_) + " experts" +
+           (expert_dtype_ == DType::F8_E4M3 ? ", kept in fp8)" : ")");
   }
 
  private:
   struct PerExpertSrc {
     MatrixSrc gate, up, down;  // Stacked: gate holds the whole [2I, H] gate_up slice
   };
+
+  // With the experts kept in fp8: every expert matrix is F8_E4M3 with a 128x128 scale, and a
+  // stacked gate_up's gate/up boundary falls on a tile edge (its [ceil(2I/128), .] scale grid
+  // then splits into the gate's and the up's, ExpertView's layout).
+  void check_fp8_experts() const {
+    MK_CHECK(form_ == ExpertForm::PerExpert || form_ == ExpertForm::Stacked,
+             "checkpoint " << dir_.path() << ": " << form_name(form_)
+                           << " experts have no fp8 block-scale form; load them as BF16");
+    MK_CHECK(form_ != ExpertForm::Stacked || spec_.expert_intermediate % io::kFp8Block == 0,
+             "checkpoint " << dir_.path() << ": stacked fp8 gate_up_proj with I = "
+                           << spec_.expert_intermediate << " (not a multiple of " << io::kFp8Block
+                           << "): a 128-row scale tile holds gate and up rows together, which "
+                           << "moekit's fp8 layout (gate and up tiled separately) cannot hold");
+    for (const PerExpertSrc& src : per_expert_) {
+      const bool stacked = form_ == ExpertForm::Stacked;
+      io::require_fp8(src.gate, stacked ? "stacked gate_up_proj" : "gate_proj");
+      if (form_ == ExpertForm::PerExpert) io::require_fp8(src.up, "up_proj");
+      io::require_fp8(src.down, "down_proj");
+    }
+  }
+
+  void load_shared_fp8(LayerTensors& t) {
+    const io::NameScheme& s = t.scheme();
+    const size_t H = spec_.hidden, Is = spec_.shared_intermediate;
+    const io::MatrixSrc gate = t.matrix(s.shared_gate, Is, H, "shared gate_proj, Is x H");
+    const io::MatrixSrc up = t.matrix(s.shared_up, Is, H, "shared up_proj, Is x H");
+    const io::MatrixSrc down = t.matrix(s.shared_down, H, Is, "shared down_proj, H x Is");
+    io::require_fp8(gate, "shared gate_proj");
+    io::require_fp8(up, "shared up_proj");
+    io::require_fp8(down, "shared down_proj");
+    io::ExpertStorage st;
+    io::build_fp8_mlp(gate, &up, down, Is, H, spec_.quant.scale_ue8m0,
+                      where("shared gate/up weight [2Is, H]"), where("shared down weight [H, Is]"),
+                      st);
+    shared_w13_fp8_ = std::move(st.w13_fp8);
+    shared_w13_scale_ = std::move(st.w13_scale);
+    shared_w2_fp8_.assign(st.view.w2_fp8, st.view.w2_fp8 + H * Is);
+    shared_w2_scale_ = std::move(st.w2_scale);
+  }
+
+  // Expert e in fp8: e4m3 bytes in place where one tensor holds the matrix, scales in fp32.
+  void build_fp8(int e, io::ExpertStorage& out) const {
+    if (e >= spec_.num_experts) {
+      io::repack_shared_slot_fp8(spec_, *this, e - spec_.num_experts, out);
+      return;
+    }
+    const PerExpertSrc& src = per_expert_[e];
+    const std::string ex = "expert " + std::to_string(e);
+    io::build_fp8_mlp(src.gate, form_ == ExpertForm::Stacked ? nullptr : &src.up, src.down,
+                      spec_.expert_intermediate, spec_.hidden, spec_.quant.scale_ue8m0,
+                      where(ex + " gate/up weight [2I, H]"), where(ex + " down weight [H, I]"),
+                      out);
+  }
 
   // The first naming (spec family's first), block and layer prefix whose router tensor exists.
   LayerTensors resolve() {
@@ -385,6 +454,10 @@ class CheckpointLayerWeights final : public LayerWeights {
   }
 
   void build(int e, io::ExpertStorage& out) const {
+    if (expert_dtype_ == DType::F8_E4M3) {
+      build_fp8(e, out);
+      return;
+    }
     if (e >= spec_.num_experts) {
       io::repack_shared_slot(spec_, shared_w13(), shared_w2(), e - spec_.num_experts, out);
       return;
@@ -510,12 +583,13 @@ class CheckpointLayerWeights final : public LayerWeights {
 }  // namespace
 
 std::unique_ptr<LayerWeights> load_checkpoint_weights(const MoeSpec& spec, int layer,
-                                                      const std::string& dir) {
+                                                      const std::string& dir,
+                                                      const LoadOptions& options) {
   MK_CHECK(spec.hidden > 0 && spec.num_experts > 0 && spec.expert_intermediate > 0,
            "spec " << spec.name << " has an empty MoE block");
   MK_CHECK(spec.is_moe_layer(layer),
            "layer " << layer << " of " << spec.name << " is not an MoE layer");
-  return std::make_unique<CheckpointLayerWeights>(spec, layer, dir);
+  return std::make_unique<CheckpointLayerWeights>(spec, layer, dir, options);
 }
 
 }  // namespace moekit

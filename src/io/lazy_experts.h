@@ -22,6 +22,8 @@ struct ExpertStorage {
   // Owned buffers; a source may instead point the view straight at mapped file pages.
   std::vector<Bf16> w13, w2;
   std::vector<float> b13, b2;
+  std::vector<uint8_t> w13_fp8, w2_fp8;  // the fp8 form (LoadOptions::expert_dtype F8_E4M3)
+  std::vector<float> w13_scale, w2_scale;
   ExpertView view;
   // Point the view at the owned buffers that are non-empty (call after filling them).
   void view_owned() {
@@ -29,6 +31,10 @@ struct ExpertStorage {
     if (!w2.empty()) view.w2 = w2.data();
     if (!b13.empty()) view.b13 = b13.data();
     if (!b2.empty()) view.b2 = b2.data();
+    if (!w13_fp8.empty()) view.w13_fp8 = w13_fp8.data();
+    if (!w2_fp8.empty()) view.w2_fp8 = w2_fp8.data();
+    if (!w13_scale.empty()) view.w13_scale = w13_scale.data();
+    if (!w2_scale.empty()) view.w2_scale = w2_scale.data();
   }
 };
 

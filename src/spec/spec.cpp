@@ -18,6 +18,7 @@
 #include "common/regular_file.h"
 #include "moekit/error.h"
 #include "moekit/spec.h"
+#include "spec/quant_config.h"
 #include "spec/transformers_defaults.h"
 
 namespace moekit {
@@ -238,6 +239,21 @@ size_t MoeSpec::expert_bytes() const {
 size_t MoeSpec::shared_bytes() const {
   return size_t{3} * static_cast<size_t>(shared_intermediate) * static_cast<size_t>(hidden) * 2;
 }
+// gate [I, H] and up [I, H] tiled separately, down [H, I]: scales of ceil(rows/128) x
+// ceil(cols/128) tiles each.
+static size_t fp8_mlp_bytes(size_t width, size_t hidden) {
+  const auto tiles = [](size_t n) { return (n + 127) / 128; };
+  const size_t scales = 2 * tiles(width) * tiles(hidden) + tiles(hidden) * tiles(width);
+  return 3 * width * hidden + 4 * scales;
+}
+size_t MoeSpec::fp8_expert_bytes() const {
+  return fp8_mlp_bytes(static_cast<size_t>(expert_intermediate), static_cast<size_t>(hidden));
+}
+size_t MoeSpec::fp8_shared_bytes() const {
+  return shared_intermediate > 0 ? fp8_mlp_bytes(static_cast<size_t>(shared_intermediate),
+                                                 static_cast<size_t>(hidden))
+                                 : 0;
+}
 size_t MoeSpec::router_bytes() const {
   return static_cast<size_t>(router_columns()) * static_cast<size_t>(hidden) *
          dtype_size(router_dtype);
@@ -355,6 +371,7 @@ MoeSpec parse_spec_json(const std::string& json_text, const std::string& name,
 
   s.num_hash_layers = c.int_or("num_hash_layers", 0);
   s.moe_layers = moe_layer_indices(c, s.model_type, s.num_layers);
+  s.quant = spec_internal::parse_quant_config(top, file_text, name);
   if (supported) spec_internal::apply_transformers_semantics(s, text, c.name());
   validate_spec(s);
   return s;

@@ -28,6 +28,9 @@ struct RunOptions {
   std::string fuse = "auto";
   std::string device = "auto";
   std::string backend = "fast";
+  std::string expert_dtype = "bf16";  // bf16 | fp8 (keep an fp8 checkpoint's experts in fp8)
+  std::string fp8_compute;            // w8a8 | weight-only; empty: the backend's (reference
+                                      // w8a8, fast weight-only)
   uint64_t seed = 0;
   bool json = false;
   const CLI::App* cmd = nullptr;  // which options were given
@@ -58,6 +61,15 @@ void run(const RunOptions& options) {
   const FuseShared fuse = fuse_shared_from_env(parse_fuse_shared(o.fuse));
   const std::string device = resolve_device(o.device);
   if (device == "cuda") refuse_unused_option(*o.cmd, "--backend", device, "--device cpu");
+  MK_CHECK(o.expert_dtype == "bf16" || o.expert_dtype == "fp8",
+           "--expert-dtype '" << o.expert_dtype << "' is not one of bf16, fp8");
+  const bool keep_fp8 = o.expert_dtype == "fp8";
+  MK_CHECK(!keep_fp8 || !o.weights.empty(),
+           "--expert-dtype fp8 keeps a checkpoint's fp8 experts: it needs --weights");
+  MK_CHECK(!keep_fp8 || device == "cpu",
+           "--expert-dtype fp8 runs on the CPU (--device cpu); the GPU layer takes bf16");
+  const Fp8Compute fp8_compute = parse_fp8_compute(
+      !o.fp8_compute.empty() ? o.fp8_compute : o.backend == "fast" ? "weight-only" : "w8a8");
   MK_CHECK(!(fuse == FuseShared::On && !spec.can_fuse_shared()),
            "--fuse-shared on: '" << spec.name << "' has "
                                  << (spec.shared_kind == SharedKind::None
@@ -85,12 +97,18 @@ void run(const RunOptions& options) {
     gpu_layer = cuda::GpuMoeLayer::create_random(spec, layer, o.seed, opt);
     origin = "random seed " + std::to_string(o.seed) + " (generated on the GPU)";
   } else {
-    weights = load_layer_weights(spec, layer, o.weights, o.seed);
+    if (keep_fp8) {
+      LoadOptions lo;
+      lo.expert_dtype = DType::F8_E4M3;
+      weights = load_checkpoint_weights(spec, layer, o.weights, lo);
+    } else {
+      weights = load_layer_weights(spec, layer, o.weights, o.seed);
+    }
     origin = weights->origin();
   }
   auto forward = [&](FuseShared mode) {
     if (gpu_layer) return gpu_layer->forward(x.data(), o.tokens, mode);
-    return forward_on(device, o.backend, *weights, x.data(), o.tokens, mode);
+    return forward_on(device, o.backend, *weights, x.data(), o.tokens, mode, fp8_compute);
   };
 
   const ForwardResult r = forward(fuse);
@@ -122,6 +140,7 @@ void run(const RunOptions& options) {
                         {"backend", device == "cpu" ? o.backend : device},
                         {"fuse_shared", r.fused ? "on" : "off"},
                         {"weights", origin},
+                        {"expert_dtype", keep_fp8 ? "F8_E4M3" : "BF16"},
                         {"y_mean_abs", sum.mean_abs},
                         {"y_max_abs", sum.max_abs},
                         {"y_sum", sum.sum},
@@ -139,6 +158,7 @@ void run(const RunOptions& options) {
     j["experts"] = experts;
     j["weights_per_slot"] = wts;
     if (fused_vs_unfused >= 0) j["fused_vs_unfused_max_rel_diff"] = fused_vs_unfused;
+    if (keep_fp8) j["fp8_compute"] = fp8_compute_name(fp8_compute);
     std::cout << j.dump(2) << "\n";
     return;
   }
@@ -148,6 +168,7 @@ void run(const RunOptions& options) {
               spec.shared_kind == SharedKind::None ? "none"
                                                    : (r.fused ? "fused" : "unfused"));
   std::printf("weights: %s\n", origin.c_str());
+  if (keep_fp8) std::printf("experts: fp8, computed %s\n", fp8_compute_name(fp8_compute));
   std::printf("output y [%d, %d]: mean |y| %.6g, max |y| %.6g, sum %.6g\n", o.tokens, spec.hidden,
               sum.mean_abs, sum.max_abs, sum.sum);
   const int shown = std::min(o.tokens, 8);
@@ -188,6 +209,13 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--device", o->device, "auto|cpu|cuda (auto: cuda when a GPU is usable)")
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "CPU backend: fast|reference")->capture_default_str();
+  cmd->add_option("--expert-dtype", o->expert_dtype,
+                  "bf16 (checkpoints dequantised at load) or fp8 (an fp8 checkpoint's experts "
+                  "kept in fp8, CPU only)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-compute", o->fp8_compute,
+                  "fp8 experts: w8a8 or weight-only (default: w8a8 on the reference, "
+                  "weight-only on the fast backend)");
   cmd->add_option("--seed", o->seed, "Seed of random weights and inputs")
       ->capture_default_str()
       ->check(decimal_integer(true));

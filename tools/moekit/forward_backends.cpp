@@ -18,10 +18,17 @@ std::string resolve_device(const std::string& requested) {
 }
 
 ForwardResult forward_on(const std::string& device, const std::string& backend,
-                         const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse) {
+                         const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
+                         Fp8Compute fp8) {
+  const bool fp8_weights = w.expert_dtype() == DType::F8_E4M3;
+  MK_CHECK(!(fp8_weights && device == "cuda"),
+           "fp8-held experts run on the CPU; the GPU layer takes bf16 (--expert-dtype bf16)");
   if (device == "cuda") return cuda::forward_once(w, x, tokens, fuse, env_overrides());
-  if (backend == "reference") return cpu_reference::forward(w, x, tokens, fuse);
+  if (backend == "reference") return cpu_reference::forward(w, x, tokens, fuse, fp8);
   MK_CHECK(backend == "fast", "--backend '" << backend << "' is not one of fast, reference");
+  MK_CHECK(!fp8_weights || fp8 == Fp8Compute::WeightOnly,
+           "the fast CPU backend runs fp8 experts weight-only, not "
+               << fp8_compute_name(fp8) << " (--fp8-compute weight-only, or --backend reference)");
   return cpu_fast::forward(w, x, tokens, fuse);
 }
 

@@ -11,8 +11,10 @@ namespace moekit::cli {
 // GPU is an error saying why.
 std::string resolve_device(const std::string& requested);
 
-// One layer forward on `device` ("cpu" with backend "fast" or "reference", or "cuda").
+// One layer forward on `device` ("cpu" with backend "fast" or "reference", or "cuda"). fp8:
+// how fp8-held weights compute (the reference runs both modes, the fast backend weight-only).
 ForwardResult forward_on(const std::string& device, const std::string& backend,
-                         const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse);
+                         const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
+                         Fp8Compute fp8 = Fp8Compute::W8A8);
 
 }  // namespace moekit::cli

@@ -23,6 +23,15 @@
 //
 // The first GEMM uses bf16 activations with vdpbf16ps on AVX512-BF16 CPUs (exact products), fp32
 // activations elsewhere; the down projection always uses fp32 activations.
+//
+// fp8 weights (LayerWeights::expert_dtype() F8_E4M3) run weight-only, each weight bf16(fp8 x tile
+// scale) (the value of a bf16 load). At decode token counts an ISA with a fused fp8 row kernel
+// (kernels.h dot_rows_fp8_f32) makes the weights in registers; otherwise each unit dequantises its
+// rows, kFp8ChunkRows at a time, into a per-thread bf16 buffer that stays in cache (kernels.h
+// dequant_fp8_row) and runs the bf16 kernels on it. Chunks are multiples of the kernels' 4-row
+// tiles and start at the unit's first row, and the fused kernels sum as the bf16 ones do, so y
+// equals the bf16 path's on the dequantised checkpoint bit for bit, while the weights cross the
+// memory bus as fp8 bytes.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -174,6 +183,14 @@ struct Job {
   const Bf16* gate = nullptr;  // [inter, H]
   const Bf16* up = nullptr;    // [inter, H]
   const Bf16* down = nullptr;  // [H, down_stride]
+  // fp8 weights instead (same shapes, e4m3 codes) with their 128x128 tile scales: rows of
+  // ceil(H/128) scales for gate/up, of ceil(down_stride/128) for down.
+  const uint8_t* gate8 = nullptr;
+  const uint8_t* up8 = nullptr;
+  const uint8_t* down8 = nullptr;
+  const float* gate_scale = nullptr;
+  const float* up_scale = nullptr;
+  const float* down_scale = nullptr;
   int inter = 0;
   int down_stride = 0;
   const float* b_gate = nullptr;
@@ -185,20 +202,50 @@ struct Job {
   size_t act = 0;    // offset of its [count, inter] gate/activation block; up follows it
 };
 
+size_t fp8_tiles(size_t n) { return (n + kFp8Tile - 1) / kFp8Tile; }
+
+// Rows per dequantisation chunk of the fp8 path: a multiple of the kernels' 4-row tiles, small
+// enough that a chunk's gate and up rows stay in L2 (4 x 7168 x 2 x 2 bytes = 112 KB).
+constexpr int kFp8ChunkRows = 4;
+
+// Rows [r0, r1) of an fp8 matrix whose rows hold ld codes (the first k used) into
+// out[r1 - r0, k] as bf16.
+void dequant_rows(const detail::Kernels& kern, const uint8_t* q, const float* scale, size_t ld,
+                  int r0, int r1, int k, Bf16* out) {
+  const size_t scale_ld = fp8_tiles(ld);
+  for (int r = r0; r < r1; ++r) {
+    kern.dequant_fp8_row(q + static_cast<size_t>(r) * ld,
+                         scale + static_cast<size_t>(r / kFp8Tile) * scale_ld, k,
+                         out + static_cast<size_t>(r - r0) * k);
+  }
+}
+
 // Points a routed expert's (or fused slot's) job at its weights, materialising them on first use
 // (thread-safe: LayerWeights builds each expert once).
 void attach_weights(const LayerWeights& w, Job& job) {
   const MoeSpec& spec = w.spec();
   const ExpertView ex = w.expert(job.expert);
-  MK_CHECK(ex.w13 != nullptr && ex.w2 != nullptr,
+  MK_CHECK((ex.w13 != nullptr && ex.w2 != nullptr) ||
+               (ex.w13_fp8 != nullptr && ex.w2_fp8 != nullptr && ex.w13_scale != nullptr &&
+                ex.w2_scale != nullptr),
            "expert " << job.expert << " of " << spec.name << " has null weights");
   if (spec.has_expert_bias && job.expert < spec.num_experts) {
     MK_CHECK(ex.b13 != nullptr && ex.b2 != nullptr,
              spec.name << " has expert biases but expert " << job.expert << " holds none");
   }
-  job.gate = ex.w13;
-  job.up = ex.w13 + static_cast<size_t>(job.inter) * spec.hidden;
-  job.down = ex.w2;
+  if (ex.w13_fp8 != nullptr) {
+    const size_t H = spec.hidden, inter = job.inter;
+    job.gate8 = ex.w13_fp8;
+    job.up8 = ex.w13_fp8 + inter * H;
+    job.down8 = ex.w2_fp8;
+    job.gate_scale = ex.w13_scale;
+    job.up_scale = ex.w13_scale + fp8_tiles(inter) * fp8_tiles(H);
+    job.down_scale = ex.w2_scale;
+  } else {
+    job.gate = ex.w13;
+    job.up = ex.w13 + static_cast<size_t>(job.inter) * spec.hidden;
+    job.down = ex.w2;
+  }
   job.b_gate = ex.b13;
   job.b_up = ex.b13 ? ex.b13 + job.inter : nullptr;
   job.b_down = ex.b2;
@@ -308,6 +355,8 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   const Kernels& kern = kernels_for(isa);
   const bool bf16_dot = kern.dot_rows_bf16 != nullptr && opt.use_bf16_dot && cpu_has_avx512_bf16();
   const int threads = resolve_threads(opt.threads);
+  MK_CHECK(w.expert_dtype() == DType::BF16 || w.expert_dtype() == DType::F8_E4M3,
+           "the fast CPU backend runs bf16 or fp8 experts, got " << dtype_name(w.expert_dtype()));
   if (held_end < 0) held_end = E;
   MK_CHECK(0 <= held_begin && held_begin <= held_end && held_end <= E,
            "expected a held expert range inside [0, " << E << "], got [" << held_begin << ", "
@@ -397,13 +446,25 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   }
   if (add_shared) {
     const int Is = spec.shared_intermediate;
-    MK_CHECK(Is > 0 && w.shared_w13() != nullptr && w.shared_w2() != nullptr,
-             "shared expert weights of " << spec.name << " are missing (shared_intermediate " << Is
-                                         << ")");
     Job& sj = jobs.back();
-    sj.gate = w.shared_w13();
-    sj.up = w.shared_w13() + static_cast<size_t>(Is) * H;
-    sj.down = w.shared_w2();
+    if (w.expert_dtype() == DType::F8_E4M3) {
+      MK_CHECK(Is > 0 && w.shared_w13_fp8() && w.shared_w13_scale() && w.shared_w2_fp8() &&
+                   w.shared_w2_scale(),
+               "fp8 shared expert weights of " << spec.name << " are missing");
+      sj.gate8 = w.shared_w13_fp8();
+      sj.up8 = w.shared_w13_fp8() + static_cast<size_t>(Is) * H;
+      sj.down8 = w.shared_w2_fp8();
+      sj.gate_scale = w.shared_w13_scale();
+      sj.up_scale = w.shared_w13_scale() + fp8_tiles(Is) * fp8_tiles(H);
+      sj.down_scale = w.shared_w2_scale();
+    } else {
+      MK_CHECK(Is > 0 && w.shared_w13() != nullptr && w.shared_w2() != nullptr,
+               "shared expert weights of " << spec.name << " are missing (shared_intermediate "
+                                           << Is << ")");
+      sj.gate = w.shared_w13();
+      sj.up = w.shared_w13() + static_cast<size_t>(Is) * H;
+      sj.down = w.shared_w2();
+    }
     sj.inter = Is;
     sj.down_stride = Is;
   }
@@ -433,6 +494,13 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   const ActivationFn activate{spec.activation, spec.swiglu_limit, spec.swiglu_alpha,
                               spec.swiglu_beta};
 
+  // The fp8 rows of a job go straight into an ISA's fused fp8 kernel where it has one for the
+  // job's token count (the down projection always; gate/up when it runs on fp32 activations).
+  const auto fp8_rows = [&](const Job& job) {
+    return kern.dot_rows_fp8_f32 != nullptr && job.count <= kern.fp8_row_tokens;
+  };
+  const auto fp8_rows_gate_up = [&](const Job& job) { return !bf16_dot && fp8_rows(job); };
+
   // ---- gate/up GEMM + activation, in units of intermediate columns of one job
   const std::vector<Unit> up_units = make_units(
       jobs, [&](const Job& j) { return j.inter; },
@@ -444,17 +512,35 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
     const int i0 = unit.begin, i1 = unit.end;
     float* g = act + job.act;
     float* u = g + static_cast<size_t>(job.count) * job.inter;
-    const size_t off = static_cast<size_t>(i0) * H;
-    if (bf16_dot) {
-      kern.dot_rows_bf16(job.gate + off, H, i1 - i0, H, &xb_ptr[job.first], job.count, g + i0,
-                         job.inter);
-      kern.dot_rows_bf16(job.up + off, H, i1 - i0, H, &xb_ptr[job.first], job.count, u + i0,
-                         job.inter);
+    // gate and up rows [a, b), their first rows at gw / uw
+    auto project = [&](const Bf16* gw, const Bf16* uw, int a, int b) {
+      if (bf16_dot) {
+        kern.dot_rows_bf16(gw, H, b - a, H, &xb_ptr[job.first], job.count, g + a, job.inter);
+        kern.dot_rows_bf16(uw, H, b - a, H, &xb_ptr[job.first], job.count, u + a, job.inter);
+      } else {
+        kern.dot_rows_f32(gw, H, b - a, H, &xf_ptr[job.first], job.count, g + a, job.inter);
+        kern.dot_rows_f32(uw, H, b - a, H, &xf_ptr[job.first], job.count, u + a, job.inter);
+      }
+    };
+    if (job.gate8 != nullptr && fp8_rows_gate_up(job)) {
+      kern.dot_rows_fp8_f32(job.gate8 + static_cast<size_t>(i0) * H, H, job.gate_scale,
+                            fp8_tiles(H), i0, i1 - i0, H, &xf_ptr[job.first], job.count, g + i0,
+                            job.inter);
+      kern.dot_rows_fp8_f32(job.up8 + static_cast<size_t>(i0) * H, H, job.up_scale, fp8_tiles(H),
+                            i0, i1 - i0, H, &xf_ptr[job.first], job.count, u + i0, job.inter);
+    } else if (job.gate8 != nullptr) {
+      thread_local std::vector<Bf16> rows_buffer;
+      Bf16* gw = scratch(rows_buffer, 2 * static_cast<size_t>(kFp8ChunkRows) * H);
+      Bf16* uw = gw + static_cast<size_t>(kFp8ChunkRows) * H;
+      for (int a = i0; a < i1; a += kFp8ChunkRows) {
+        const int b = std::min(i1, a + kFp8ChunkRows);
+        dequant_rows(kern, job.gate8, job.gate_scale, H, a, b, H, gw);
+        dequant_rows(kern, job.up8, job.up_scale, H, a, b, H, uw);
+        project(gw, uw, a, b);
+      }
     } else {
-      kern.dot_rows_f32(job.gate + off, H, i1 - i0, H, &xf_ptr[job.first], job.count, g + i0,
-                        job.inter);
-      kern.dot_rows_f32(job.up + off, H, i1 - i0, H, &xf_ptr[job.first], job.count, u + i0,
-                        job.inter);
+      const size_t off = static_cast<size_t>(i0) * H;
+      project(job.gate + off, job.up + off, i0, i1);
     }
     for (int j = 0; j < job.count; ++j) {
       float* gj = g + static_cast<size_t>(j) * job.inter;
@@ -479,6 +565,24 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   run_units(threads, down_units.size(), [&](size_t ui) {
     const Unit& unit = down_units[ui];
     const Job& job = jobs[unit.job];
+    if (job.down8 != nullptr && fp8_rows(job)) {
+      kern.dot_rows_fp8_f32(job.down8 + static_cast<size_t>(unit.begin) * job.down_stride,
+                            job.down_stride, job.down_scale, fp8_tiles(job.down_stride),
+                            unit.begin, unit.end - unit.begin, job.inter, &act_ptr[job.first],
+                            job.count, down + job.first * H + unit.begin, H);
+      return;
+    }
+    if (job.down8 != nullptr) {
+      thread_local std::vector<Bf16> rows_buffer;
+      Bf16* dw = scratch(rows_buffer, static_cast<size_t>(kFp8ChunkRows) * job.inter);
+      for (int a = unit.begin; a < unit.end; a += kFp8ChunkRows) {
+        const int b = std::min(unit.end, a + kFp8ChunkRows);
+        dequant_rows(kern, job.down8, job.down_scale, job.down_stride, a, b, job.inter, dw);
+        kern.dot_rows_f32(dw, job.inter, b - a, job.inter, &act_ptr[job.first], job.count,
+                          down + job.first * H + a, H);
+      }
+      return;
+    }
     kern.dot_rows_f32(job.down + static_cast<size_t>(unit.begin) * job.down_stride, job.down_stride,
                       unit.end - unit.begin, job.inter, &act_ptr[job.first], job.count,
                       down + job.first * H + unit.begin, H);

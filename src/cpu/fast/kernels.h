@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -49,9 +50,35 @@ struct Kernels {
   void (*router_dot)(const void* w, bool w_f32, size_t ldw, int rows, int k, const double* const* x,
                      int n, double* out, size_t ldo) = nullptr;
 
+  // out[c] = bf16(fp8(q[c]) * scale[c / 128]) for c < k: one row of an fp8 block-scale matrix
+  // (e4m3fn codes, no NaN codes: the loader rejects them) dequantised exactly as a bf16 load of
+  // the checkpoint holds it (round to nearest even), for the fp8 weight-only path.
+  void (*dequant_fp8_row)(const uint8_t* q, const float* scale, int k, Bf16* out) = nullptr;
+
+  // dot_rows_f32 on fp8 rows, for n <= fp8_row_tokens tokens (decode): row r is q + r * ldq with
+  // its tile scales at scale + ((r0 + r) / 128) * scale_ld; each weight is bf16(fp8 x scale),
+  // made in registers, and summed exactly as dot_rows_f32 sums the dequantised row (so the
+  // result equals dequant_fp8_row + dot_rows_f32 bit for bit, without the bf16 row in memory).
+  // Null where an ISA has none; more tokens go through dequant_fp8_row.
+  void (*dot_rows_fp8_f32)(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
+                           int r0, int rows, int k, const float* const* x, int n, float* out,
+                           size_t ldo) = nullptr;
+  int fp8_row_tokens = 0;
+
   // Sum of count floats (the read-bandwidth probe; the result only defeats dead-code removal).
   float (*read_sum)(const float* p, size_t count) = nullptr;
 };
+
+// The fp8 row dequantisers (fp8_dequant_*.cpp), one per table.
+void dequant_fp8_row_portable(const uint8_t* q, const float* scale, int k, Bf16* out);
+void dequant_fp8_row_avx2(const uint8_t* q, const float* scale, int k, Bf16* out);
+void dequant_fp8_row_avx512(const uint8_t* q, const float* scale, int k, Bf16* out);
+void dot_rows_fp8_f32_avx2(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
+                           int r0, int rows, int k, const float* const* x, int n, float* out,
+                           size_t ldo);
+void dot_rows_fp8_f32_avx512(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
+                             int r0, int rows, int k, const float* const* x, int n, float* out,
+                             size_t ldo);
 
 const Kernels& portable_kernels();
 // These two may only be called on a CPU that has the instructions (they are plain tables, but

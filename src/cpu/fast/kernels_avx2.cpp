@@ -183,6 +183,9 @@ const Kernels& avx2_kernels() {
                          .dot_rows_f32 = dot_rows_f32,
                          .dot_rows_bf16 = nullptr,
                          .router_dot = router_dot,
+                         .dequant_fp8_row = dequant_fp8_row_avx2,
+                         .dot_rows_fp8_f32 = dot_rows_fp8_f32_avx2,
+                         .fp8_row_tokens = 2,
                          .read_sum = read_sum};
   return k;
 }

@@ -307,6 +307,9 @@ const Kernels& avx512_kernels() {
                          .dot_rows_f32 = dot_rows_f32,
                          .dot_rows_bf16 = dot_rows_bf16,
                          .router_dot = router_dot,
+                         .dequant_fp8_row = dequant_fp8_row_avx512,
+                         .dot_rows_fp8_f32 = dot_rows_fp8_f32_avx512,
+                         .fp8_row_tokens = 2,
                          .read_sum = read_sum};
   return k;
 }

@@ -98,6 +98,7 @@ const Kernels& portable_kernels() {
                          .dot_rows_f32 = dot_rows_f32,
                          .dot_rows_bf16 = nullptr,
                          .router_dot = router_dot,
+                         .dequant_fp8_row = dequant_fp8_row_portable,
                          .read_sum = read_sum};
   return k;
 }
