@@ -68,7 +68,7 @@ TEST(Fp8FastDequant, EveryCodeEveryIsaMatchesTheScalarDefinition) {
   }
 }
 
-// The fused decode kernel equals dequant_fp8_row + dot_rows_f32 bit for bit: rows crossing a
+// The fused decode kernel equals dequant_fp8_row + dot_rows_f32 (to fma contraction): rows crossing a
 // tile row (r0 = 120), k with a partial tile and tails of every length, 1 and 2 tokens.
 TEST(Fp8FastDequant, FusedRowKernelEqualsDequantiseThenDot) {
   const int rows = 16, r0 = 120, ld = 340;
@@ -100,8 +100,12 @@ TEST(Fp8FastDequant, FusedRowKernelEqualsDequantiseThenDot) {
         kern.dot_rows_f32(w.data(), k, rows, k, xs, n, want.data(), rows);
         kern.dot_rows_fp8_f32(q.data(), ld, scale.data(), scale_ld, r0, rows, k, xs, n, got.data(),
                               rows);
+        // the same products summed in the same order; the compiler may contract a product and
+        // its sum into one fma in one kernel and not in the other (seen with the GPU host's
+        // compiler), so the two agree to a few ulps of the sum, not always bit for bit
         for (int i = 0; i < n * rows; ++i)
-          ASSERT_EQ(got[i], want[i]) << "k " << k << ", n " << n << ", element " << i;
+          ASSERT_NEAR(got[i], want[i], 1e-6 * (std::fabs(want[i]) + 1.0))
+              << "k " << k << ", n " << n << ", element " << i;
       }
     }
   }
