@@ -129,3 +129,14 @@ def test_patch_refuses_an_unsupported_block():
         patch(model)
     with pytest.raises(ValueError, match="holds no MoE block"):
         patch(nn.Sequential(nn.Linear(2, 2)))
+
+
+def test_compile_fullgraph_on_the_wrappers():
+    w = _weights("deepseek_v3")
+    s = w["spec"]
+    kwargs = dict(correction_bias=w["bias"], shared_w13=w["sw13"], shared_w2=w["sw2"])
+    layer = torch.compile(moekit.moe_layer, fullgraph=True, backend="aot_eager")
+    x = w["x"].reshape(1, 5, 64)
+    got = layer(x, s, w["router"], w["w13"], w["w2"], **kwargs)
+    want = moekit.moe_layer(x, s, w["router"], w["w13"], w["w2"], **kwargs)
+    assert got.shape == x.shape and torch.equal(got, want)

@@ -33,6 +33,9 @@ FAMILIES = {
                                          decoder_sparse_step=1)),
     "minimax_m2": ("minimax-m2", dict(num_local_experts=8, intermediate_size=32,
                                       rotary_dim=16)),
+    "gpt_oss": ("gpt-oss-120b", dict(num_local_experts=8, experts_per_token=2,
+                                     intermediate_size=32,
+                                     layer_types=["sliding_attention", "full_attention"])),
     "glm4_moe": ("glm-4.5", dict(n_routed_experts=8, n_group=1, topk_group=1,
                                  n_shared_experts=1, first_k_dense_replace=1,
                                  routed_scaling_factor=2.5)),
@@ -80,9 +83,13 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
 
 
+def router_module(block):
+    return block.router if hasattr(block, "router") else block.gate
+
+
 def correction_bias(block):
     """The block's e_score_correction_bias (on its router, or on the block: MiniMax-M2)."""
-    for owner in (block.gate, block):
+    for owner in (router_module(block), block):
         if hasattr(owner, "e_score_correction_bias"):
             return owner.e_score_correction_bias
     return None
@@ -92,4 +99,18 @@ def block_router(block, x):
     """(logits, topk_weights, topk_ids) of the block's own router on x [T, H]."""
     if type(block).__name__ == "MiniMaxM2SparseMoeBlock":
         return block.gate(x, block.e_score_correction_bias)
-    return block.gate(x)
+    return router_module(block)(x)
+
+
+def expert_stacks(block):
+    """{w13, w2, b13, b2} of the block in moekit's layout (bf16 stacks, fp32 biases), through
+    patch()'s own getters."""
+    from moekit.integrations.transformers import FAMILIES as SUPPORTED
+    family = SUPPORTED[type(block).__name__]
+    out = {}
+    for name in ("w13", "w2", "b13", "b2"):
+        getter = family.borrowed.get(name) or family.repacked.get(name)
+        if getter is not None:
+            dtype = torch.bfloat16 if name.startswith("w") else torch.float32
+            out[name] = getter(block).detach().to(dtype).contiguous()
+    return out

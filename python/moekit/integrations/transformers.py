@@ -10,7 +10,11 @@ buffers (so later changes to the source parameters are not seen):
   - any tensor of another dtype (an fp32 model's stacks to bf16; a router to the spec's dtype);
   - the shared expert: shared_w13 = cat(gate_proj.weight, up_proj.weight) [2 Is, H] (its
     down_proj.weight [H, Is] is borrowed where bf16);
-  - Qwen2-MoE: the router with the shared expert's gate row appended ([E + 1, H]).
+  - Qwen2-MoE: the router with the shared expert's gate row appended ([E + 1, H]);
+  - gpt-oss: experts.gate_up_proj [E, H, 2I] (x @ W, gate and up in interleaved columns) to w13
+    [E, 2I, H] gate rows first, its bias likewise, and experts.down_proj [E, I, H] to w2
+    [E, H, I]. Its block returns (y, router_scores); the patched one returns (y, None) (the
+    decoder layer discards the scores).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Family:
     """Where one transformers MoE block class keeps each tensor of the engine API's view."""
     borrowed: Dict[str, Getter]                     # read at each call where the dtype matches
     repacked: Dict[str, Getter] = field(default_factory=dict)  # built once at patch()
+    returns_tuple: bool = False  # the block returns (y, router scores): gpt-oss
 
 
 def _shared_mlp(attr: str) -> Dict[str, Getter]:
@@ -64,6 +69,19 @@ FAMILIES: Dict[str, Family] = {
          "router_weight": lambda b: torch.cat([b.gate.weight, b.shared_expert_gate.weight], 0)}),
 }
 
+def _deinterleave(t: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] with gate and up in alternate columns -> [..., 2I] gate columns first."""
+    return torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1)
+
+
+FAMILIES["GptOssMLP"] = Family(
+    {"router_weight": lambda b: b.router.weight, "router_bias": lambda b: b.router.bias,
+     "b2": lambda b: b.experts.down_proj_bias},
+    {"w13": lambda b: _deinterleave(b.experts.gate_up_proj).transpose(1, 2),
+     "b13": lambda b: _deinterleave(b.experts.gate_up_proj_bias),
+     "w2": lambda b: b.experts.down_proj.transpose(1, 2)},
+    returns_tuple=True)
+
 _NAMES = ("router_weight", "router_bias", "correction_bias", "w13", "w2", "b13", "b2",
           "shared_w13", "shared_w2")
 
@@ -82,6 +100,7 @@ class MoekitMoeBlock(nn.Module):
     def __init__(self, block: nn.Module, family: Family, spec: MoeSpec):
         super().__init__()
         self.source_class = type(block).__name__
+        self.returns_tuple = family.returns_tuple
         self.spec = spec
         for name, child in block.named_children():
             self.add_module(name, child)
@@ -113,7 +132,8 @@ class MoekitMoeBlock(nn.Module):
             hidden_states.reshape(-1, h), t["router_weight"], t["router_bias"],
             t["correction_bias"], t["w13"], t["w2"], t["b13"], t["b2"], t["shared_w13"],
             t["shared_w2"], self.spec.json, 0)
-        return y.reshape(hidden_states.shape)
+        y = y.reshape(hidden_states.shape)
+        return (y, None) if self.returns_tuple else y
 
     def extra_repr(self) -> str:
         return f"moekit for {self.source_class}: {self.spec!r}"
