@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <vector>
 
@@ -109,7 +110,10 @@ at::Tensor bf16_rows(const MoeSpec& s, const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == s.hidden, "moekit: expected x of shape [tokens, ",
               s.hidden, "], got ", shape_of(x));
   TORCH_CHECK(x.is_floating_point(), "moekit: expected x floating point, got ", x.scalar_type());
-  return as_dense(x, at::kBFloat16);
+  at::Tensor rows = as_dense(x, at::kBFloat16);
+  // the device kernels read x in 16-byte vectors: a view starting mid-vector is copied
+  if (reinterpret_cast<uintptr_t>(rows.data_ptr()) % 16 != 0) rows = rows.clone();
+  return rows;
 }
 
 void run(Location loc, const MoeSpec& s, int tokens, const at::Device& device, const OpCall& call) {

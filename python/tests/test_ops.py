@@ -140,3 +140,14 @@ def test_compile_fullgraph_on_the_wrappers():
     got = layer(x, s, w["router"], w["w13"], w["w2"], **kwargs)
     want = moekit.moe_layer(x, s, w["router"], w["w13"], w["w2"], **kwargs)
     assert got.shape == x.shape and torch.equal(got, want)
+
+
+def test_x_at_any_offset_gives_the_same_y():
+    w = _weights("qwen3_moe")
+    s = w["spec"]
+    ids, weights = moekit.route(w["logits"], s)
+    buf = torch.empty(w["x"].numel() + 1, dtype=torch.bfloat16)
+    shifted = buf[1:].view_as(w["x"])  # 2 bytes past a 16-byte boundary
+    shifted.copy_(w["x"])
+    want = moekit.fused_experts(w["x"], w["w13"], w["w2"], ids, weights, s)
+    assert torch.equal(moekit.fused_experts(shifted, w["w13"], w["w2"], ids, weights, s), want)
