@@ -43,6 +43,11 @@ def _shared_mlp(attr: str) -> Dict[str, Getter]:
                                                getattr(b, attr).up_proj.weight], dim=0)}
 
 
+def _deinterleave(t: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] with gate and up in alternate columns -> [..., 2I] gate columns first."""
+    return torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1)
+
+
 _ROUTED: Dict[str, Getter] = {
     "router_weight": lambda b: b.gate.weight,
     "w13": lambda b: b.experts.gate_up_proj,
@@ -67,20 +72,15 @@ FAMILIES: Dict[str, Family] = {
          "shared_w2": lambda b: b.shared_expert.down_proj.weight},
         {**_shared_mlp("shared_expert"),
          "router_weight": lambda b: torch.cat([b.gate.weight, b.shared_expert_gate.weight], 0)}),
+    "GptOssMLP": Family(
+        {"router_weight": lambda b: b.router.weight, "router_bias": lambda b: b.router.bias,
+         "b2": lambda b: b.experts.down_proj_bias},
+        {"w13": lambda b: _deinterleave(b.experts.gate_up_proj).transpose(1, 2),
+         "b13": lambda b: _deinterleave(b.experts.gate_up_proj_bias),
+         "w2": lambda b: b.experts.down_proj.transpose(1, 2)},
+        returns_tuple=True),
 }
 
-def _deinterleave(t: torch.Tensor) -> torch.Tensor:
-    """[..., 2I] with gate and up in alternate columns -> [..., 2I] gate columns first."""
-    return torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1)
-
-
-FAMILIES["GptOssMLP"] = Family(
-    {"router_weight": lambda b: b.router.weight, "router_bias": lambda b: b.router.bias,
-     "b2": lambda b: b.experts.down_proj_bias},
-    {"w13": lambda b: _deinterleave(b.experts.gate_up_proj).transpose(1, 2),
-     "b13": lambda b: _deinterleave(b.experts.gate_up_proj_bias),
-     "w2": lambda b: b.experts.down_proj.transpose(1, 2)},
-    returns_tuple=True)
 
 _NAMES = ("router_weight", "router_bias", "correction_bias", "w13", "w2", "b13", "b2",
           "shared_w13", "shared_w2")
