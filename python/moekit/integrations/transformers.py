@@ -57,6 +57,9 @@ _ROUTED: Dict[str, Getter] = {
 FAMILIES: Dict[str, Family] = {
     "Qwen3MoeSparseMoeBlock": Family(dict(_ROUTED)),
     "MixtralSparseMoeBlock": Family(dict(_ROUTED)),
+    "DeepseekV2Moe": Family(
+        {**_ROUTED, "shared_w2": lambda b: b.shared_experts.down_proj.weight},
+        _shared_mlp("shared_experts")),
     "DeepseekV3MoE": Family(
         {**_ROUTED, "correction_bias": lambda b: b.gate.e_score_correction_bias,
          "shared_w2": lambda b: b.shared_experts.down_proj.weight},
