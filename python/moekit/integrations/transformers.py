@@ -68,6 +68,10 @@ FAMILIES: Dict[str, Family] = {
         {**_ROUTED, "correction_bias": lambda b: b.gate.e_score_correction_bias,
          "shared_w2": lambda b: b.shared_experts.down_proj.weight},
         _shared_mlp("shared_experts")),
+    "GlmMoeDsaMoE": Family(
+        {**_ROUTED, "correction_bias": lambda b: b.gate.e_score_correction_bias,
+         "shared_w2": lambda b: b.shared_experts.down_proj.weight},
+        _shared_mlp("shared_experts")),
     "MiniMaxM2SparseMoeBlock": Family(
         {**_ROUTED, "correction_bias": lambda b: b.e_score_correction_bias}),
     "Qwen2MoeSparseMoeBlock": Family(
