@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what moekit needs to build and test: Debian's packages, then the pinned PyPI packages
-# (the Python package's torch, transformers, pytest, scikit-build-core; CUTLASS headers) into .venv. Idempotent.
+# (the Python package's torch, transformers, pytest, scikit-build-core; CUTLASS headers)
+# into .venv. Idempotent.
 # CUDA is optional: when nvcc is on the PATH (or in /usr/local/cuda/bin) the CUDA backend builds too.
 set -euo pipefail
 packages=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
