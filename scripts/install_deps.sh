@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what moekit needs to build and test, from Debian's packages. Idempotent.
+# Installs what moekit needs to build and test: Debian's packages, then the pinned PyPI packages
+# (the Python package's torch, transformers, pytest, scikit-build-core; CUTLASS headers)
+# into .venv. Idempotent.
 # CUDA is optional: when nvcc is on the PATH (or in /usr/local/cuda/bin) the CUDA backend builds too.
 set -euo pipefail
 packages=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
@@ -16,18 +18,34 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
 fi
 
+# The project venv .venv (ignored by git) holds the PyPI packages below.
+cd "$(dirname "$0")/.."
+venv_python=".venv/bin/python"
+if [ ! -x "$venv_python" ]; then
+  python3 -m venv .venv || {
+    echo "install_deps: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2
+    exit 1
+  }
+fi
+
+# The Python package (pyproject.toml, python/): its build backend, torch (~540 MB with its
+# nvidia-* wheels) and what its tests use (transformers builds the tiny models), pinned.
+python_pins=(torch==2.15.0 transformers==5.23.0 safetensors==0.8.0 pytest==9.2.0
+             scikit-build-core==1.1.2)
+python_missing=()
+for pin in "${python_pins[@]}"; do
+  have=$("$venv_python" -m pip show "${pin%%==*}" 2>/dev/null | sed -n 's/^Version: //p' || true)
+  [ "$have" = "${pin##*==}" ] || python_missing+=("$pin")
+done
+if ((${#python_missing[@]})); then
+  echo "installing into .venv: ${python_missing[*]}"
+  "$venv_python" -m pip install -q --disable-pip-version-check "${python_pins[@]}"
+fi
+
 # CUTLASS headers for the CUDA prefill path (src/cuda/prefill/): PyPI's nvidia-cutlass wheel,
-# pinned, into the project venv .venv (ignored by git). Only where nvcc exists (CUDA builds).
+# pinned, into .venv. Only where nvcc exists (CUDA builds).
 cutlass_version="4.2.0.0"
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  venv_python=".venv/bin/python"
-  cd "$(dirname "$0")/.."
-  if [ ! -x "$venv_python" ]; then
-    python3 -m venv .venv || {
-      echo "install_deps: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2
-      exit 1
-    }
-  fi
   have=$("$venv_python" -m pip show nvidia-cutlass 2>/dev/null | sed -n 's/^Version: //p' || true)
   if [ "$have" != "$cutlass_version" ]; then
     echo "installing: nvidia-cutlass==$cutlass_version into .venv"

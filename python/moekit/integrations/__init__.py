@@ -1,0 +1,1 @@
+"""Integrations of moekit's ops into model libraries (transformers)."""
