@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package's tests: pip-installs the package (pyproject.toml) into the project venv
-# .venv, CPU ops only unless MOEKIT_PYTHON_CUDA=ON|AUTO (the CUDA kernels of the ops compile in
-# .ci/run's CUDA library build), then runs pytest on python/tests. pytest's "no tests collected"
+# .venv, CPU ops only unless MOEKIT_PYTHON_CUDA=ON|AUTO (the ops' CUDA kernels, built only so),
+# then runs pytest on python/tests. pytest's "no tests collected"
 # (exit 5) fails like any other failure: the suite has tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
