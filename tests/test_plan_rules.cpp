@@ -108,6 +108,19 @@ TEST(PlanRules, WeightsOnlyRingFromTwoTokensWhileTasksAreShort) {
 }
 
 // docs/decisions/experts_task16_ring.md
+// docs/decisions/experts_grouped_path.md
+TEST(PlanRules, GroupedPathFrom64TokensAnd4RoutedTokensPerExpertUnlessForced) {
+  EXPECT_FALSE(experts_grouped_path(64, 8, 256, -1));  // DeepSeek-V3: 2 per expert
+  EXPECT_FALSE(experts_grouped_path(127, 8, 256, -1));
+  EXPECT_TRUE(experts_grouped_path(128, 8, 256, -1));  // 4 per expert
+  EXPECT_TRUE(experts_grouped_path(64, 8, 128, -1));   // Qwen3-30B-A3B: 4 per expert
+  EXPECT_FALSE(experts_grouped_path(63, 8, 128, -1));
+  EXPECT_FALSE(experts_grouped_path(32, 2, 8, -1));    // Mixtral: 8 per expert, below 64 tokens
+  EXPECT_TRUE(experts_grouped_path(64, 2, 8, -1));
+  EXPECT_TRUE(experts_grouped_path(1, 8, 256, 1));     // forced from 1 token
+  EXPECT_FALSE(experts_grouped_path(16384, 8, 256, 0));  // 0: never
+}
+
 // docs/decisions/experts_grouped_tile.md
 TEST(PlanRules, GroupedPaddedRowsBoundTheRealRowsAndShrinkWithTheTile) {
   struct Shape {

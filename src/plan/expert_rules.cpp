@@ -19,10 +19,10 @@ Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16) {
 
 bool experts_grouped_path(int tokens, int top_k, int experts, int setting) {
   if (setting >= 0) return setting > 0 && tokens >= setting;
-  // why 8 per expert: below it an expert's rows fill a fraction of the 128-row tile and the
-  // decode kernels, streaming each expert once, win; from 128 tokens: none measured below
-  constexpr int kFromTokensPerExpert = 8;
-  constexpr int kFromTokens = 128;
+  // why 4 per expert: below it an expert's rows fill a fraction of the 64-row tile and the
+  // decode kernels, streaming each expert once, win; from 64 tokens: none measured below
+  constexpr int kFromTokensPerExpert = 4;
+  constexpr int kFromTokens = 64;
   return tokens >= kFromTokens && static_cast<long long>(tokens) * top_k >=
                                       static_cast<long long>(kFromTokensPerExpert) * experts;
 }

@@ -28,8 +28,8 @@ int experts_chunk(int tokens);
 Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16);
 
 // Whether the prefill path (grouped GEMMs on the tensor cores) runs the experts: from `setting`
-// tokens when >= 0 (0: never), else from 128 tokens while experts average at least 8 routed
-// tokens (tokens x top_k >= 8 x experts) (docs/decisions/experts_grouped_path.md).
+// tokens when >= 0 (0: never), else from 64 tokens while experts average at least 4 routed
+// tokens (tokens x top_k >= 4 x experts) (docs/decisions/experts_grouped_path.md).
 bool experts_grouped_path(int tokens, int top_k, int experts, int setting);
 
 // The prefill path's tile rows, 128 or 64: `setting` when 128 or 64, else the one with the
