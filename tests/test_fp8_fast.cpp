@@ -100,9 +100,9 @@ TEST(Fp8FastDequant, FusedRowKernelEqualsDequantiseThenDot) {
         kern.dot_rows_f32(w.data(), k, rows, k, xs, n, want.data(), rows);
         kern.dot_rows_fp8_f32(q.data(), ld, scale.data(), scale_ld, r0, rows, k, xs, n, got.data(),
                               rows);
-        // the same products summed in the same order; the compiler may contract a product and
-        // its sum into one fma in one kernel and not in the other (seen with the GPU host's
-        // compiler), so the two agree to a few ulps of the sum, not always bit for bit
+        // the same products summed in the same order; a compiler may contract a product and its
+        // sum into one fma in one kernel and not in the other, so the two agree to a few ulps of
+        // the sum, not always bit for bit
         for (int i = 0; i < n * rows; ++i)
           ASSERT_NEAR(got[i], want[i], 1e-6 * (std::fabs(want[i]) + 1.0))
               << "k " << k << ", n " << n << ", element " << i;
