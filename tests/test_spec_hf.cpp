@@ -40,10 +40,6 @@ std::string slurp(const std::string& path) {
 
 json load_json(const std::string& path) { return json::parse(slurp(path)); }
 
-const char* shared_kind_name(SharedKind k) {
-  return k == SharedKind::None ? "none" : k == SharedKind::Plain ? "plain" : "gated";
-}
-
 // The spec's fields under the names make_hf_configs.py writes in expected_defaults.json, plus
 // moekit's own (router dtype, biases) for spec-to-spec comparisons.
 json fields(const MoeSpec& s) {

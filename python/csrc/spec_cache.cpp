@@ -21,22 +21,6 @@ const MoeSpec& spec_from_json(const std::string& config_json) {
   return *cache.emplace(config_json, std::move(spec)).first->second;
 }
 
-namespace {
-
-const char* shared_kind_name(SharedKind k) {
-  switch (k) {
-    case SharedKind::None:
-      return "none";
-    case SharedKind::Plain:
-      return "plain";
-    case SharedKind::Gated:
-      return "gated";
-  }
-  return "?";
-}
-
-}  // namespace
-
 std::string spec_summary_json(const MoeSpec& s) {
   nlohmann::json j;
   j["name"] = s.name;

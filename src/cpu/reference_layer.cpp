@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu/experts_routing_check.h"
 #include "cpu/reference_fp8.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
@@ -315,21 +316,8 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   const MoeSpec& spec = w.spec();
   const int hidden = spec.hidden;
   const int E = spec.num_experts;
-  if (held_end < 0) held_end = E;
-  MK_CHECK(0 <= held_begin && held_begin <= held_end && held_end <= E,
-           "expected a held expert range inside [0, " << E << "], got [" << held_begin << ", "
-                                                       << held_end << ")");
-  MK_CHECK(r.tokens == tokens && r.ids.size() == static_cast<size_t>(tokens) * r.slots &&
-               r.weights.size() == r.ids.size(),
-           "expected a routing of " << tokens << " tokens, got " << r.tokens << " tokens, "
-                                    << r.ids.size() << " ids, " << r.weights.size()
-                                    << " weights of " << r.slots << " slots");
-  const int fused_slots = r.slots - spec.top_k;
-  MK_CHECK(fused_slots == 0 || fused_slots == spec.shared_slots(),
-           "expected " << spec.top_k << " or " << spec.top_k + spec.shared_slots()
-                       << " slots per token, got " << r.slots);
-  MK_CHECK(!add_shared || fused_slots == 0,
-           "the shared expert runs fused (the routing holds its slots) or unfused, not both");
+  const int fused_slots =
+      cpu_detail::check_experts_routing(spec, tokens, r, add_shared, held_begin, held_end);
 
   // Look every used expert up once, here on the calling thread: materialisation (and any error it
   // raises) happens before the parallel part, which then only reads. Routed experts outside the

@@ -210,6 +210,18 @@ const char* scoring_name(Scoring s) {
   return "?";
 }
 
+const char* shared_kind_name(SharedKind k) {
+  switch (k) {
+    case SharedKind::None:
+      return "none";
+    case SharedKind::Plain:
+      return "plain";
+    case SharedKind::Gated:
+      return "gated";
+  }
+  return "?";
+}
+
 const char* activation_name(Activation a) {
   switch (a) {
     case Activation::Silu:

@@ -11,18 +11,6 @@
 namespace moekit::cli {
 namespace {
 
-const char* shared_kind_name(SharedKind k) {
-  switch (k) {
-    case SharedKind::None:
-      return "none";
-    case SharedKind::Plain:
-      return "plain";
-    case SharedKind::Gated:
-      return "gated";
-  }
-  return "?";
-}
-
 // "3-60" style ranges for the MoE layer list.
 std::string layer_ranges(const std::vector<int>& layers) {
   std::string out;

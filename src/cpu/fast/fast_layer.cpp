@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/experts_routing_check.h"
 #include "cpu/fast/fast_common.h"
 #include "cpu/fast/kernels.h"
 #include "cpu/fast/thread_pool.h"
@@ -357,21 +358,8 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   const int threads = resolve_threads(opt.threads);
   MK_CHECK(w.expert_dtype() == DType::BF16 || w.expert_dtype() == DType::F8_E4M3,
            "the fast CPU backend runs bf16 or fp8 experts, got " << dtype_name(w.expert_dtype()));
-  if (held_end < 0) held_end = E;
-  MK_CHECK(0 <= held_begin && held_begin <= held_end && held_end <= E,
-           "expected a held expert range inside [0, " << E << "], got [" << held_begin << ", "
-                                                       << held_end << ")");
-  MK_CHECK(r.tokens == tokens && r.ids.size() == static_cast<size_t>(tokens) * r.slots &&
-               r.weights.size() == r.ids.size(),
-           "expected a routing of " << tokens << " tokens, got " << r.tokens << " tokens, "
-                                    << r.ids.size() << " ids, " << r.weights.size()
-                                    << " weights of " << r.slots << " slots");
-  const int fused_slots = r.slots - spec.top_k;
-  MK_CHECK(fused_slots == 0 || fused_slots == spec.shared_slots(),
-           "expected " << spec.top_k << " or " << spec.top_k + spec.shared_slots()
-                       << " slots per token, got " << r.slots);
-  MK_CHECK(!add_shared || fused_slots == 0,
-           "the shared expert runs fused (the routing holds its slots) or unfused, not both");
+  const int fused_slots =
+      cpu_detail::check_experts_routing(spec, tokens, r, add_shared, held_begin, held_end);
   MK_CHECK(!add_shared || r.shared_scale.empty() ||
                r.shared_scale.size() == static_cast<size_t>(tokens),
            "expected " << tokens << " shared scales, got " << r.shared_scale.size());
