@@ -32,6 +32,7 @@ enum class SharedKind {
   Plain,  // added with weight 1 (DeepSeek family, GLM, MiniMax-M3, Kimi)
   Gated,  // multiplied per token by sigmoid(x . w_shared_gate) (Qwen2-MoE)
 };
+const char* shared_kind_name(SharedKind k);  // "none", "plain", "gated"
 
 // The checkpoint's weight quantisation: config.json's quantization_config, read as transformers'
 // AutoQuantizationConfig reads it (src/spec/quant_config.cpp).
