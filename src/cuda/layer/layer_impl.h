@@ -42,6 +42,13 @@ struct LayerWeightPtrs {
   const float* b2 = nullptr;               // [E(+S), H] or null
   const __nv_bfloat16* shared_w13 = nullptr;  // [2Is, H] or null
   const __nv_bfloat16* shared_w2 = nullptr;   // [H, Is] or null
+  // fp8 block-scale experts (the layer holds F8_E4M3 experts: set instead of w13 / w2): e4m3
+  // bytes and the fp32 multiplier of each 128 x 128 tile, the tile grids row-major per expert
+  // (I % 128 == 0 and H % 128 == 0, so w13's grid is gate tiles then up tiles)
+  const uint8_t* w13_fp8 = nullptr;    // [E(+S), 2I, H]
+  const float* w13_scale = nullptr;    // [E(+S), 2I/128, H/128]
+  const uint8_t* w2_fp8 = nullptr;     // [E(+S), H, I]
+  const float* w2_scale = nullptr;     // [E(+S), H/128, I/128]
 };
 
 // The workspace of a forward up to max_tokens, pieces of one buffer (Impl::carve_workspace);

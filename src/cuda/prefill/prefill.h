@@ -52,6 +52,13 @@ struct PrefillParams {
   const __nv_bfloat16* w2 = nullptr;   // [rows, H, I]
   const float* b13 = nullptr;          // [rows, 2I] or null
   const float* b2 = nullptr;           // [rows, H] or null
+  // fp8 block-scale experts, set instead of w13 / w2 (W8A8: x and h quantised per token per 128
+  // channels; layout as LayerWeightPtrs' fp8 fields): e4m3 bytes, fp32 per 128 x 128 tile
+  const uint8_t* w13_fp8 = nullptr;  // [rows, 2I, H]
+  const float* w13_scale = nullptr;  // [rows, 2I/128, H/128]
+  const uint8_t* w2_fp8 = nullptr;   // [rows, H, I]
+  const float* w2_scale = nullptr;   // [rows, H/128, I/128]
+  bool ue8m0 = false;                // activation scales rounded up to powers of two
   Activation activation = Activation::Silu;
   float limit = 0.0f, alpha = 1.702f, beta = 1.0f;  // MoeSpec's swiglu_limit / _alpha / _beta
   // the unfused shared MLP's output [T, H] fp32 and its per-token scale [T]: both or neither
