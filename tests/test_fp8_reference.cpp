@@ -89,7 +89,7 @@ std::vector<double> mlp_w8a8(const ExpertView& v, size_t H, size_t I, const Bf16
   for (size_t i = 0; i < I; ++i) {
     const double g = w8a8_row(v.w13_fp8, v.w13_scale, i, H, qx, sx);
     const double u = w8a8_row(v.w13_fp8 + I * H, up_scale, i, H, qx, sx);
-    h[i] = static_cast<float>(silu_glu(g, u));
+    h[i] = bf16_to_float(float_to_bf16(static_cast<float>(silu_glu(g, u))));  // h is bf16
   }
   std::vector<uint8_t> qh;
   std::vector<float> sh;

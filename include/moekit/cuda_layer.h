@@ -39,6 +39,11 @@ struct GpuLayerOptions {
   // Knobs of the plan (moekit/plan.h), read at creation; the library reads no environment
   // (the CLI fills them with plan::plan_overrides_from_env).
   plan::PlanOverrides overrides;
+  // The dtype the layer holds its experts in: BF16, or F8_E4M3 (fp8 block-scale, computed W8A8
+  // by the fp8 instances; hidden and expert_intermediate multiples of 128, the shared expert
+  // fused). create() takes it from the LayerWeights (this must be BF16 or agree);
+  // create_random() generates e4m3 codes and tile scales on the GPU.
+  DType expert_dtype = DType::BF16;
 };
 
 // Launch counts of one forward, as a CUDA graph of it holds them (kernels + memsets).
@@ -136,12 +141,14 @@ struct GpuBenchOptions {
   int device = 0;
   bool trace = false;                // print each batch's kernel timeline (stderr)
   plan::PlanOverrides overrides;     // the layers' plan knobs
+  DType expert_dtype = DType::BF16;  // BF16 or F8_E4M3 (fp8 block-scale: the shared expert fused)
 };
 
 struct GpuBenchRecord {
   std::string model;
   std::string device;              // GPU name
   int batch = 0;
+  std::string dtype;               // the experts': "bf16" | "fp8" (bytes and ceiling follow it)
   std::string fuse_shared;         // "on" | "off" (what was timed)
   bool auto_choice = false;        // whether fuse=auto picks this mode at this batch
   double us_per_layer = 0;         // median, CUDA-graph replay, weights not L2-resident
@@ -159,7 +166,8 @@ struct GpuBenchRecord {
   int moe_layers = 0;
   std::string plan;                // what ran: plan::summary of the layer's plan
   double expert_tflops = 0;        // the expert GEMMs' FLOPs (6 T slots H I) over us_per_layer
-  double peak_tflops = 0;          // the bf16 ceiling measured in the same run (8192^3 cuBLAS)
+  double peak_tflops = 0;          // the ceiling of the dtype, measured in the same run (8192^3
+                                   // cuBLAS bf16 GEMM; fp8: cuBLASLt e4m3 GEMM, bf16 out)
   double peak_fraction = 0;        // expert_tflops / peak_tflops
 };
 

@@ -25,7 +25,8 @@ FuseShared fuse_shared_from_env(FuseShared requested);
 //   W8A8        (the default: what an fp8 model with activation_scheme "dynamic" is, in DeepSeek's
 //               inference code and transformers' finegrained_fp8) the input of each projection is
 //               quantised per token per 128 channels to e4m3; per 128-wide K block the fp8
-//               products are summed and scaled by activation scale x weight tile scale.
+//               products are summed and scaled by activation scale x weight tile scale; h, the
+//               down projection's input, is quantised from its bf16 value (the models' h is bf16).
 //   WeightOnly  w = bf16(fp8 x scale) per tile, then the bf16 math of a bf16 checkpoint.
 enum class Fp8Compute { W8A8, WeightOnly };
 const char* fp8_compute_name(Fp8Compute m);             // "w8a8" | "weight-only"

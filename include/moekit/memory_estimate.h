@@ -48,6 +48,8 @@ void check_forward_memory(const LayerWeights& w, int tokens, bool fused);
 // expert and fused slot, shared MLP, router (weights), and the per-token workspace, plus the
 // cuBLAS workspace of the shared dense path. Host-only, so it can be checked against
 // cudaMemGetInfo before the first cudaMalloc.
-size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens);
+// `experts`: the dtype the layer holds its experts in (BF16, or F8_E4M3: bytes and tile scales,
+// the shared expert as fused slots only).
+size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts = DType::BF16);
 
 }  // namespace moekit

@@ -2,7 +2,7 @@
 // builds without CUDA (src/plan/), into a plain struct that prints in one line per kernel and
 // serialises to JSON. The forward executes a plan; it does not decide (src/cuda/layer/).
 //
-//   plan_layer(spec, tokens, fuse, overrides, device)
+//   plan_layer(spec, tokens, fuse, overrides, device, experts' dtype)
 //     -> fused or unfused (and why), the router GEMM config, the routing launch (or the gate/up
 //        kernel routing its one token itself), the dense shared MLP, and per expert launch: the
 //        kernel instance (expert_kernels(): one table of named fields), its grid and parameters.
@@ -69,6 +69,10 @@ struct ExpertKernel {
   bool down_tail = false;   // down: the last tiles' items claimed dynamically, combined last
   bool half_items = false;  // gate/up: the last tail items claimed as two halves
   bool self_route = false;  // gate/up: routes its one token itself (no routing kernel)
+  // bulk, ring of weights only: fp8 block-scale weights (e4m3, an fp32 multiplier per 128 x 128
+  // tile) computed W8A8: the consumers quantise their activations per token per 128 channels
+  // and run e4m3 mma, each 128-wide k block scaled by its weight and activation scales
+  bool fp8 = false;
   // registers
   int unroll = 0;       // k blocks of 64 in flight per warp
   int warps = 11;       // threads / 32 (bulk: 8 consumers, 2 producers, 1 epilogue)
@@ -151,13 +155,17 @@ struct LayerPlan {
   bool dense_shared = false;   // the unfused shared MLP as dense cuBLAS GEMMs (before the router)
   std::vector<ExpertLaunch> experts;  // in launch order (empty on the prefill path)
   int grouped_tile_m = 0;  // the prefill path's GEMM tile rows (128 or 64); 0 off that path
+  bool fp8 = false;        // fp8 block-scale experts, computed W8A8 (the fp8 instances)
   bool pdl = true;
 };
 
 // The plan of a forward of `tokens` (>= 1) tokens with fusion `fuse` (On throws when the spec
 // cannot fuse). Validates nothing about the spec beyond what a choice needs (the layer does).
+// `experts`: the dtype the layer holds its experts in, BF16 or F8_E4M3 (fp8 block-scale: the
+// fp8 instances, the shared expert fused; throws where that cannot be).
 LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
-                     const PlanOverrides& overrides, const DeviceInfo& device);
+                     const PlanOverrides& overrides, const DeviceInfo& device,
+                     DType experts = DType::BF16);
 
 // Kernel launches of the plan that moekit makes itself (router, routing, experts); the dense
 // shared MLP's cuBLAS GEMMs come on top (one or two kernels each, cuBLAS' choice).

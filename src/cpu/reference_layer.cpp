@@ -155,8 +155,12 @@ void mlp_forward_fp8(const MoeSpec& spec, const MlpView& m, const double* x, dou
     act[i] = activate(spec, g, u);
   }
   if (w8a8) {
-    // h is re-quantised per 128 channels (from its fp32 value) before the down projection.
-    for (int i = 0; i < m.width; ++i) v[i] = static_cast<float>(act[i]);
+    // h is re-quantised per 128 channels before the down projection, from its bf16 value: in
+    // DeepSeek's inference code (and transformers' finegrained_fp8) the projections and the
+    // activation produce bf16, and act_quant reads that.
+    for (int i = 0; i < m.width; ++i) {
+      v[i] = bf16_to_float(float_to_bf16(static_cast<float>(act[i])));
+    }
     quantize_activation_fp8(v.data(), m.width, m.ue8m0, q.data(), qs.data());
   }
   for (int h = 0; h < hidden; ++h) {

@@ -27,6 +27,7 @@ constexpr ExpertKernel with_l2_keep(ExpertKernel k) { return k.l2_keep = true, k
 constexpr ExpertKernel with_down_tail(ExpertKernel k) { return k.down_tail = true, k; }
 constexpr ExpertKernel with_half_items(ExpertKernel k) { return k.half_items = true, k; }
 constexpr ExpertKernel with_self_route(ExpertKernel k) { return k.self_route = true, k; }
+constexpr ExpertKernel with_fp8(ExpertKernel k) { return k.fp8 = true, k; }
 
 // Register instances: 8 warps (4 for short down rows), registers capped at 128 by
 // __launch_bounds__(threads, 16 / warps): 2 (or 4) CTAs per SM.
@@ -77,6 +78,12 @@ inline constexpr ExpertKernel kExpertKernels[] = {
     bulk("bulk_down_16", kDn, 2),
     bulk("bulk_gate_up_16_weights_only", kGU, 2, Ring::WeightsOnly),
     bulk("bulk_down_16_weights_only", kDn, 2, Ring::WeightsOnly),
+    // bulk, fp8 block-scale weights (W8A8), the ring of weights only
+    with_fp8(bulk("bulk_gate_up_weights_only_fp8", kGU, 1, Ring::WeightsOnly)),
+    with_fp8(bulk("bulk_down_weights_only_fp8", kDn, 1, Ring::WeightsOnly)),
+    with_fp8(with_down_tail(bulk("bulk_down_weights_only_tail_fp8", kDn, 1, Ring::WeightsOnly))),
+    with_fp8(bulk("bulk_gate_up_16_weights_only_fp8", kGU, 2, Ring::WeightsOnly)),
+    with_fp8(bulk("bulk_down_16_weights_only_fp8", kDn, 2, Ring::WeightsOnly)),
     // registers
     regs("regs_gate_up", kGU, Stream::Registers, 1, 5),
     regs("regs_down", kDn, Stream::Registers, 1, 4),
@@ -95,8 +102,8 @@ inline constexpr int kNumExpertKernels =
 constexpr bool same_fields(const ExpertKernel& a, const ExpertKernel& b) {
   return a.gemm == b.gemm && a.stream == b.stream && a.n_tiles == b.n_tiles && a.ring == b.ring &&
          a.split_rows == b.split_rows && a.l2_keep == b.l2_keep && a.down_tail == b.down_tail &&
-         a.half_items == b.half_items && a.self_route == b.self_route && a.unroll == b.unroll &&
-         a.warps == b.warps && a.ctas_per_sm == b.ctas_per_sm;
+         a.half_items == b.half_items && a.self_route == b.self_route && a.fp8 == b.fp8 &&
+         a.unroll == b.unroll && a.warps == b.warps && a.ctas_per_sm == b.ctas_per_sm;
 }
 
 // What the bulk kernel's templates can build (experts_bulk_kernel.cuh's static_asserts, and
@@ -105,9 +112,12 @@ constexpr bool legal(const ExpertKernel& k) {
   if (k.n_tiles != 1 && k.n_tiles != 2) return false;
   if (k.stream != Stream::Bulk) {
     return k.ring == Ring::Standard && !k.split_rows && !k.l2_keep && !k.down_tail &&
-           !k.half_items && !k.self_route && k.unroll >= 1 && (k.warps == 8 || k.warps == 4);
+           !k.half_items && !k.self_route && !k.fp8 && k.unroll >= 1 &&
+           (k.warps == 8 || k.warps == 4);
   }
   const bool gu = k.gemm == Gemm::GateUp;
+  // fp8: the ring of weights only, without the L2 keep
+  if (k.fp8 && (k.ring != Ring::WeightsOnly || k.l2_keep)) return false;
   if (k.n_tiles == 2) {
     return (k.ring == Ring::Standard || k.ring == Ring::WeightsOnly) && !k.split_rows &&
            !k.l2_keep && !k.down_tail && !k.half_items && !k.self_route;

@@ -142,6 +142,10 @@ int select_expert_kernel(const KernelChoice& c) {
     k.unroll = late ? (chunk8 ? (gate_up ? 5 : 4) : 3) : (chunk8 ? 3 : 2);
     k.warps = late && chunk8 && !gate_up && c.k / kBlockK <= 16 ? 4 : 8;
     k.ctas_per_sm = 16 / k.warps;
+  } else if (c.fp8) {
+    k.ring = Ring::WeightsOnly;
+    k.fp8 = true;
+    k.down_tail = !gate_up && c.down_tail && c.chunk == 8;
   } else if (c.chunk == 16) {
     k.ring = c.ring == Ring::WeightsOnly ? Ring::WeightsOnly : Ring::Standard;
   } else if (c.ring == Ring::WeightsOnly) {

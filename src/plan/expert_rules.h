@@ -106,6 +106,7 @@ struct KernelChoice {
   Ring ring = Ring::Standard;
   bool split_rows = false, l2_keep = false, down_tail = false, half_items = false;
   bool self_route = false;
+  bool fp8 = false;  // fp8 block-scale weights: the fp8 instances (ring of weights only, no keep)
 };
 int select_expert_kernel(const KernelChoice& c);
 

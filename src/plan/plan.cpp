@@ -53,18 +53,28 @@ struct Shapes {
         can_fuse(s.can_fuse_shared()) {}
 };
 
-Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, int tokens) {
-  if (o.stream) return *o.stream;
+Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, int tokens,
+                 bool fp8) {
+  if (o.stream) {
+    MK_CHECK(!fp8 || *o.stream == Stream::Bulk || *o.stream == Stream::Grouped,
+             "fp8 experts run on the bulk kernels or the prefill path, not the "
+                 << stream_name(*o.stream) << " kernels (MOEKIT_EXPERTS_KERNEL)");
+    return *o.stream;
+  }
   if (experts_grouped_path(tokens, sh.K, sh.E, o.grouped_from_tokens)) return Stream::Grouped;
+  // fp8: the bulk kernels wherever the prefill path does not run (no register instances)
+  if (fp8) return Stream::Bulk;
   return experts_stream_default(sh.H, tokens, experts_task16_ring(tokens, sh.K, sh.E, st.task16));
 }
 
-bool task16_at(const Shapes& sh, const Settings& st, Stream stream, int tokens) {
-  return stream == Stream::Bulk && experts_task16_ring(tokens, sh.K, sh.E, st.task16);
+// fp8: tasks of 16 wherever tasks of 8 would take the register kernels (above 256 tokens)
+bool task16_at(const Shapes& sh, const Settings& st, Stream stream, int tokens, bool fp8) {
+  return stream == Stream::Bulk && (experts_task16_ring(tokens, sh.K, sh.E, st.task16) ||
+                                    (fp8 && experts_chunk(tokens) == 16));
 }
 
 int chunk_at(const Shapes& sh, const Settings& st, Stream stream, int tokens) {
-  return task16_at(sh, st, stream, tokens) ? 16 : experts_chunk(tokens);
+  return task16_at(sh, st, stream, tokens, false) ? 16 : experts_chunk(tokens);
 }
 
 bool dense_shared_at(const Shapes& sh, const Settings& st, int tokens) {
@@ -73,10 +83,21 @@ bool dense_shared_at(const Shapes& sh, const Settings& st, int tokens) {
 
 // Fused or not, and why (a static string).
 bool resolve_fused(const MoeSpec& spec, const Shapes& sh, const Settings& st, Stream stream,
-                   FuseShared fuse, int tokens, const char** why) {
+                   FuseShared fuse, int tokens, bool fp8, const char** why) {
   if (!sh.has_shared) {
     *why = "no shared expert";
     return false;
+  }
+  if (fp8) {
+    // the fp8 shared expert runs as fp8 slots of the routed experts' kernels: there is no fp8
+    // dense shared MLP
+    MK_CHECK(fuse != FuseShared::Off && sh.can_fuse,
+             "fp8 experts of " << spec.name << " on the GPU run the shared expert fused"
+                               << (sh.can_fuse ? " (fusion off was asked for)"
+                                               : ", and its width is not a whole multiple of "
+                                                 "the expert width"));
+    *why = fuse == FuseShared::On ? "on" : "auto: fp8 runs the shared expert as fused slots";
+    return true;
   }
   switch (fuse) {
     case FuseShared::On:
@@ -120,9 +141,13 @@ bool resolve_fused(const MoeSpec& spec, const Shapes& sh, const Settings& st, St
 }  // namespace
 
 LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
-                     const PlanOverrides& overrides, const DeviceInfo& device) {
+                     const PlanOverrides& overrides, const DeviceInfo& device, DType experts) {
   MK_CHECK(tokens >= 1, "plan_layer: expected tokens >= 1, got " << tokens);
   MK_CHECK(device.sms >= 1, "plan_layer: expected a device with >= 1 SM, got " << device.sms);
+  MK_CHECK(experts == DType::BF16 || experts == DType::F8_E4M3,
+           "plan_layer: experts held in " << dtype_name(experts)
+                                          << " (the GPU layer runs BF16 or F8_E4M3 experts)");
+  const bool fp8 = experts == DType::F8_E4M3;
   const Shapes sh(spec);
   const Settings st(overrides, sh.has_shared);
   LayerPlan p;
@@ -130,11 +155,12 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   p.tokens = tokens;
   p.device = device;
   p.pdl = overrides.pdl;
-  p.stream = stream_at(sh, st, overrides, tokens);
+  p.fp8 = fp8;
+  p.stream = stream_at(sh, st, overrides, tokens, fp8);
   const bool bulk = p.stream == Stream::Bulk;
-  const bool task16 = task16_at(sh, st, p.stream, tokens);
+  const bool task16 = task16_at(sh, st, p.stream, tokens, fp8);
   p.chunk = task16 ? 16 : experts_chunk(tokens);
-  p.fused = resolve_fused(spec, sh, st, p.stream, fuse, tokens, &p.fuse_reason);
+  p.fused = resolve_fused(spec, sh, st, p.stream, fuse, tokens, fp8, &p.fuse_reason);
   const int s_run = p.fused ? sh.S : 0;
   p.slots = sh.K + s_run;
 
@@ -143,23 +169,24 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
     // arrays); the unfused shared MLP runs as the dense GEMMs beside it
     p.dense_shared = sh.has_shared && !p.fused;
     p.routing_dispatch = false;
-    p.grouped_tile_m =
-        experts_grouped_tile_m(tokens, sh.K, sh.E, s_run, overrides.grouped_tile_m);
+    p.grouped_tile_m = experts_grouped_tile_m(tokens, sh.K, sh.E, s_run, overrides.grouped_tile_m);
     p.router = tuning::choose_router_gemm(device.arch, spec.router_dtype, sh.H,
                                           spec.router_columns(), tokens);
     return p;
   }
   const int chunk = p.chunk;
-  const bool l2_keep = experts_l2_keep(tokens, sh.H, chunk, st.l2_keep_from);
+  // (fp8: the ring of weights only at every batch, without the L2 keep: its only instances)
+  const bool l2_keep = !fp8 && experts_l2_keep(tokens, sh.H, chunk, st.l2_keep_from);
   const int down_tail = bulk ? experts_down_tail(tokens, sh.H, chunk, st.down_tail) : 0;
   // the ring of weights only in place of the half items, the split copies and the deep rings
   const bool weights_only =
-      task16 || (bulk && experts_l2_acts_ring(tokens, chunk, sh.I, sh.K, sh.E, st.weights_only));
+      fp8 || task16 ||
+      (bulk && experts_l2_acts_ring(tokens, chunk, sh.I, sh.K, sh.E, st.weights_only));
   const int half_items =
       bulk && !l2_keep && !weights_only
           ? experts_gate_up_half_items(tokens, sh.H, chunk, st.half_items, st.one_token_rings)
           : 0;
-  const bool self_route = bulk && chunk == 8 && tokens <= st.self_route && !sh.has_shared &&
+  const bool self_route = bulk && !fp8 && chunk == 8 && tokens <= st.self_route && !sh.has_shared &&
                           sh.E <= 128 && !l2_keep && half_items == 0;
   const bool shared_unfused = sh.has_shared && !p.fused;
   p.dense_shared = shared_unfused && dense_shared_at(sh, st, tokens);
@@ -212,7 +239,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
                                    .ring = gate_up_ring,
                                    .l2_keep = l2_keep,
                                    .half_items = halves,
-                                   .self_route = self_route});
+                                   .self_route = self_route,
+                                   .fp8 = fp8});
   g.grid = resident(g.kernel);
   g.dynamic_tail_percent = bulk ? st.gate_up_tail : 0;
   g.half_items_per_cta = half_items;
@@ -246,7 +274,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
                                    .ring = launched_ring,
                                    .split_rows = pieces == 2,
                                    .l2_keep = l2_keep,
-                                   .down_tail = down_tail > 0 && chunk == 8});
+                                   .down_tail = down_tail > 0 && chunk == 8,
+                                   .fp8 = fp8});
   d.grid = bulk ? experts_down_grid(resident(d.kernel), sh.H, tokens, st.whole_tiles)
                 : resident(d.kernel);
   d.down_tail_percent = down_tail;

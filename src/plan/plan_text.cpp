@@ -70,6 +70,7 @@ std::string describe(const ExpertKernel& k) {
     if (k.down_tail) os << " down_tail";
     if (k.half_items) os << " half_items";
     if (k.self_route) os << " self_route";
+    if (k.fp8) os << " fp8";
   } else {
     os << " unroll=" << k.unroll;
   }
@@ -167,7 +168,8 @@ std::string describe(const LayerPlan& p) {
   std::ostringstream os;
   os << p.model << " T=" << p.tokens << ' ' << p.device.name << ": "
      << (p.fused ? "fused" : "unfused") << " (" << p.fuse_reason << "), slots " << p.slots
-     << ", chunk " << p.chunk << ", " << stream_name(p.stream) << (p.pdl ? "" : ", no PDL") << '\n';
+     << ", chunk " << p.chunk << ", " << stream_name(p.stream) << (p.fp8 ? ", fp8 w8a8" : "")
+     << (p.pdl ? "" : ", no PDL") << '\n';
   if (p.dense_shared) os << "  shared   dense cuBLAS GEMMs (gate/up, activation, down)\n";
   os << "  router   " << tuning::describe(p.router.config) << " ("
      << tuning::source_name(p.router.source) << ")\n";
@@ -216,6 +218,7 @@ std::string to_json(const LayerPlan& p) {
   j["slots"] = p.slots;
   j["chunk"] = p.chunk;
   j["stream"] = stream_name(p.stream);
+  j["experts_dtype"] = p.fp8 ? "F8_E4M3" : "BF16";
   j["pdl"] = p.pdl;
   j["router"] = {{"config", tuning::describe(p.router.config)},
                  {"source", tuning::source_name(p.router.source)}};

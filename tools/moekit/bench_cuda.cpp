@@ -207,6 +207,10 @@ int run_bench_cuda(const BenchOptions& opt) {
   b.iterations = opt.iterations;
   b.trace = opt.trace;
   b.overrides = env_overrides();
+  MK_CHECK(opt.dtype == "bf16" || opt.dtype == "fp8" || opt.dtype == "config",
+           "bench: --dtype '" << opt.dtype << "' is not one of bf16, fp8, config");
+  const bool fp8 = opt.dtype == "fp8" || (opt.dtype == "config" && load_spec(opt.model).fp8_experts());
+  b.expert_dtype = fp8 ? DType::F8_E4M3 : DType::BF16;
   const std::vector<cuda::GpuBenchRecord> recs = cuda::bench_layer(b, !opt.json);
   if (!opt.plot.empty()) plot_sweep(recs, opt.plot);
 
@@ -219,6 +223,7 @@ int run_bench_cuda(const BenchOptions& opt) {
                      {"gpu", r.device},
                      {"date", date},
                      {"batch", r.batch},
+                     {"dtype", r.dtype},
                      {"fuse_shared", r.fuse_shared},
                      {"auto_choice", r.auto_choice},
                      {"us_per_layer", r.us_per_layer},

@@ -31,6 +31,9 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--plot", o->plot, "Draw the batch sweep to this PNG (cuda)");
   cmd->add_flag("--json", o->json, "Print JSON records");
   cmd->add_flag("--trace", o->trace, "Print each batch's kernel timeline to stderr (cuda)");
+  cmd->add_option("--dtype", o->dtype,
+                  "Experts' dtype (cuda): bf16|fp8|config (what the config declares)")
+      ->capture_default_str();
   cmd->require_subcommand(0, 1);
   cmd->callback([cmd, o, batches, fuse] {
     if (!cmd->get_subcommands().empty()) return;  // a sub-benchmark ran instead
@@ -45,6 +48,7 @@ CLI::App* add_bench_command(CLI::App& app) {
       refuse_unused_option(*cmd, "--backend", device, "--device cpu");
     } else {
       refuse_unused_option(*cmd, "--plot", device, "--device cuda");
+      refuse_unused_option(*cmd, "--dtype", device, "--device cuda");
     }
     const int status = device == "cuda" ? run_bench_cuda(*o) : run_bench_cpu(*o);
     if (status != 0) throw CLI::RuntimeError(status);

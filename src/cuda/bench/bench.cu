@@ -217,9 +217,12 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
            "bench_layer: needs 8 GB free for the bandwidth probe, " << free_b << " bytes free");
   const double bw_gbs = measure_read_bandwidth(read_bytes, opt.device);
   if (verbose) std::fprintf(stderr, "read bandwidth: %.1f GB/s over %zu MB\n", bw_gbs, read_bytes >> 20);
-  // the bf16 tensor-core ceiling (a dense 8192^3 cuBLAS GEMM), for peak_fraction
-  const double peak_tflops = bench_bf16_gemm_tflops();
-  if (verbose) std::fprintf(stderr, "bf16 GEMM ceiling: %.1f TFLOP/s\n", peak_tflops);
+  // the tensor-core ceiling of the experts' dtype (a dense 8192^3 GEMM), for peak_fraction
+  const bool fp8 = opt.expert_dtype == DType::F8_E4M3;
+  const double peak_tflops = fp8 ? bench_fp8_gemm_tflops() : bench_bf16_gemm_tflops();
+  if (verbose) {
+    std::fprintf(stderr, "%s GEMM ceiling: %.1f TFLOP/s\n", fp8 ? "fp8" : "bf16", peak_tflops);
+  }
 
   // 2. distinct weight sets
   GpuLayerOptions lo;
@@ -227,6 +230,7 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
   lo.device = opt.device;
   lo.fuse = FuseShared::Auto;
   lo.overrides = opt.overrides;
+  lo.expert_dtype = opt.expert_dtype;
   const int moe_layers = static_cast<int>(spec.moe_layers.size());
   std::vector<std::unique_ptr<GpuMoeLayer>> sets;
   sets.push_back(GpuMoeLayer::create_random(spec, spec.moe_layers[0], opt.seed, lo));
@@ -261,8 +265,12 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
 
     std::vector<bool> modes;
     const bool can_fuse = spec.can_fuse_shared();
+    const bool has_shared = spec.shared_kind != SharedKind::None;
+    MK_CHECK(!(fp8 && has_shared && opt.fuse == FuseShared::Off),
+             "bench_layer: fp8 experts run the shared expert fused (--fuse-shared off)");
     if (opt.fuse != FuseShared::Off && can_fuse) modes.push_back(true);
-    if (opt.fuse != FuseShared::On || !can_fuse) modes.push_back(false);
+    // (fp8: the shared expert runs fused only)
+    if ((opt.fuse != FuseShared::On || !can_fuse) && !(fp8 && has_shared)) modes.push_back(false);
 
     for (const int batch : opt.batches) {
       std::vector<GpuBenchRecord> recs;
@@ -272,6 +280,7 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
         r.model = spec.name;
         r.device = prop.name;
         r.batch = batch;
+        r.dtype = fp8 ? "fp8" : "bf16";
         r.fuse_shared = fused ? "on" : "off";
         r.auto_choice = sets[0]->resolve_fused(FuseShared::Auto, batch) == fused;
         r.read_bw_gbs = bw_gbs;
@@ -290,10 +299,13 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
           for (const int id : fr.routing.ids) {
             if (id < spec.num_experts) routed.insert(id);
           }
-          bytes += static_cast<double>(routed.size()) * spec.expert_bytes();
+          bytes += static_cast<double>(routed.size()) *
+                   (fp8 ? spec.fp8_expert_bytes() : spec.expert_bytes());
         }
         bytes /= nsets;
-        if (spec.shared_kind != SharedKind::None) bytes += static_cast<double>(spec.shared_bytes());
+        if (has_shared) {
+          bytes += static_cast<double>(fp8 ? spec.fp8_shared_bytes() : spec.shared_bytes());
+        }
         bytes += static_cast<double>(spec.router_bytes());
         bytes += 2.0 * batch * spec.hidden * 2;
         r.touched_bytes = bytes;

@@ -16,6 +16,13 @@ struct ExpertsParams {
   //   gate/up: [2*inter, k] (gate rows [0,inter), up rows [inter,2*inter));  down: [rows, k]
   const __nv_bfloat16* w = nullptr;
   long long w_expert_stride = 0;
+  // the fp8 instances (plan::ExpertKernel::fp8) instead of w: e4m3 bytes in w's layout (an
+  // element a byte), and per expert the fp32 multiplier of each 128 x 128 tile, [rows/128, k/128]
+  // row-major (gate/up: the gate's tile rows, then the up's); k and inter multiples of 128
+  const uint8_t* w8 = nullptr;
+  const float* w_scale = nullptr;
+  long long scale_expert_stride = 0;  // floats of w_scale per expert
+  int ue8m0 = 0;  // 1: the activations' scales rounded up to powers of two (scale_fmt ue8m0)
   const float* bias = nullptr;  // gate/up: [2*inter] per expert; down: [rows]; or null
   long long bias_expert_stride = 0;
   int inter = 0;  // gate/up: intermediate width I of one expert (or of the unfused shared MLP)

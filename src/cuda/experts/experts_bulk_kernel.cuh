@@ -63,6 +63,7 @@
 
 #include "cuda/experts/experts_bulk_combine.cuh"
 #include "cuda/experts/experts_bulk_layout.cuh"
+#include "cuda/experts/experts_fp8.cuh"
 
 namespace moekit::cuda::experts_detail {
 
@@ -88,9 +89,12 @@ namespace moekit::cuda::experts_detail {
 // the lists that implies, and CTA 0's epilogue warp writes the routing and the dispatch for the
 // down kernel. Its dynamic tail claims from a counter of its own, which its last CTA to finish
 // claiming zeroes (the dispatch, which zeroes the others, is written while it runs).
+// kFp8 (the ring of weights only): e4m3 weights with 128 x 128 tile scales, W8A8 (experts_fp8.cuh):
+// k blocks of 128 elements in the bytes of the bf16 blocks of 64, so the ring and its copies are
+// the same; the consumers quantise the activations they load and scale each block's products.
 template <int kMode, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
           bool kKeep = false,
-          bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
+          bool kTail = false, bool kHalves = false, bool kSelfRoute = false, bool kFp8 = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
@@ -98,6 +102,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   static_assert(!kHalves || (kMode == kBulkGateUp && !kKeep), "kHalves: the gate/up kernel's");
   static_assert(!kSelfRoute || (kMode == kBulkGateUp && kNT == 1 && !kKeep && !kHalves),
                 "kSelfRoute: the plain chunk-8 gate/up kernel's");
+  static_assert(!kFp8 || (kRing == plan::Ring::WeightsOnly && !kKeep),
+                "kFp8: the ring of weights only, without the L2 keep");
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   // whether an item (its record's `down` flag) is a down item: fixed by the mode
@@ -175,8 +181,9 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   auto owns = [&](int fill) {
     return (fill % kStages) % kBulkProducerWarps == producer_id;
   };
-  const int gu_nkb = kHasGateUp ? gu.k / kBlockK : 0;
-  const int dn_nkb = kHasDown ? dn.k / kBlockK : 0;
+  constexpr int kBlockElems = kFp8 ? kFp8BlockK : kBlockK;  // elements of a k block
+  const int gu_nkb = kHasGateUp ? gu.k / kBlockElems : 0;
+  const int dn_nkb = kHasDown ? dn.k / kBlockElems : 0;
   const int gu_nchunks = (gu_nkb + kChunkBlocks - 1) / kChunkBlocks;
   const int dn_nchunks = (dn_nkb + kChunkBlocks - 1) / kChunkBlocks;
   auto range = [&](int total, int b) {
@@ -200,13 +207,13 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 }
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
-// kSplitRows, kRing, kKeep, kTail, kHalves and kSelfRoute as experts_bulk_body.
+// kSplitRows, kRing, kKeep, kTail, kHalves, kSelfRoute and kFp8 as experts_bulk_body.
 template <bool kGateUp, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
           bool kKeep = false,
-          bool kTail = false, bool kHalves = false, bool kSelfRoute = false>
+          bool kTail = false, bool kHalves = false, bool kSelfRoute = false, bool kFp8 = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
   experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kRing, kKeep, kTail,
-                    kHalves, kSelfRoute>(p, p, nullptr);
+                    kHalves, kSelfRoute, kFp8>(p, p, nullptr);
 }
 
 }  // namespace moekit::cuda::experts_detail

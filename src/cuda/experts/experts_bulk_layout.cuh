@@ -172,6 +172,16 @@ __device__ __forceinline__ const __nv_bfloat16* tile_row(const ExpertsParams& p,
   return wexp + static_cast<size_t>(row) * p.k;
 }
 
+// The same row of an fp8 instance's weights (kFp8: p.w8, bytes; experts_fp8.cuh).
+template <bool kGateUp>
+__device__ __forceinline__ const uint8_t* tile_row_fp8(const ExpertsParams& p, int expert, int r0,
+                                                       int i) {
+  const uint8_t* wexp = p.w8 + static_cast<long long>(expert) * p.w_expert_stride;
+  int row = r0 + i;
+  if constexpr (kGateUp) row = i < 8 ? r0 + i : p.inter + r0 + (i - 8);
+  return wexp + static_cast<size_t>(row) * p.k;
+}
+
 // What a launch of the bulk kernel does: one of the two GEMMs.
 enum BulkMode : int {
   kBulkGateUp,  // gate/up + activation

@@ -41,6 +41,17 @@ void GpuMoeLayer::Impl::validate() const {
            "GPU dispatch counts <= " << kAlignMaxRows << " weight rows, got " << E + S);
   MK_CHECK(spec.router_dtype == DType::BF16 || spec.router_dtype == DType::F32,
            "expected router dtype BF16 or F32, got " << dtype_name(spec.router_dtype));
+  MK_CHECK(opt.expert_dtype == DType::BF16 || opt.expert_dtype == DType::F8_E4M3,
+           "the GPU layer holds BF16 or F8_E4M3 experts, not " << dtype_name(opt.expert_dtype));
+  if (fp8) {
+    MK_CHECK(H % 128 == 0 && I % 128 == 0,
+             "fp8 experts on the GPU need hidden and expert_intermediate multiples of 128 (whole "
+             "128 x 128 tiles), got hidden "
+                 << H << ", expert_intermediate " << I);
+    MK_CHECK(!has_shared || can_fuse,
+             "fp8 experts on the GPU run the shared expert as fused slots, but the shared width "
+                 << Is << " of " << spec.name << " is not a whole multiple of " << I);
+  }
 }
 
 void GpuMoeLayer::Impl::init_shapes() {
@@ -49,6 +60,7 @@ void GpuMoeLayer::Impl::init_shapes() {
   I = spec.expert_intermediate;
   K = spec.top_k;
   cols = spec.router_columns();
+  fp8 = opt.expert_dtype == DType::F8_E4M3;
   has_shared = spec.shared_kind != SharedKind::None && spec.shared_intermediate > 0;
   Is = has_shared ? spec.shared_intermediate : 0;
   can_fuse = spec.can_fuse_shared();
@@ -75,7 +87,7 @@ std::unique_ptr<GpuMoeLayer::Impl> make_impl(const MoeSpec& spec, int layer,
   impl->device = live_device_info(opt.device);
   size_t free_b = 0, total_b = 0;
   MK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t need = gpu_layer_device_bytes(spec, opt.max_tokens);
+  const size_t need = gpu_layer_device_bytes(spec, opt.max_tokens, opt.expert_dtype);
   MK_CHECK(need <= free_b, "a GPU layer of " << spec.name << " for max_tokens " << opt.max_tokens
                                              << " needs " << need << " bytes of device memory; "
                                              << free_b << " of " << total_b
@@ -103,7 +115,13 @@ GpuMoeLayer::~GpuMoeLayer() {
 std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create(const LayerWeights& w,
                                                  const GpuLayerOptions& opt) {
   DeviceGuard guard(opt.device);
-  auto impl = make_impl(w.spec(), w.layer(), opt);
+  MK_CHECK(opt.expert_dtype == DType::BF16 || opt.expert_dtype == w.expert_dtype(),
+           "GpuLayerOptions::expert_dtype " << dtype_name(opt.expert_dtype)
+                                            << " disagrees with the weights' "
+                                            << dtype_name(w.expert_dtype()));
+  GpuLayerOptions held = opt;
+  held.expert_dtype = w.expert_dtype();  // the layer holds what the weights hold
+  auto impl = make_impl(w.spec(), w.layer(), held);
   impl->upload(w);
   impl->prepare_kernels();
   impl->allocate_workspace();
@@ -118,7 +136,8 @@ std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create_random(const MoeSpec& spec, int
   DeviceGuard guard(opt.device);
   auto impl = make_impl(spec, layer, opt);
   impl->fill_random(seed);
-  if (impl->can_fuse) impl->repack_slots_on_device();
+  // (fp8: every row, the fused slots too, is filled as a routed expert's)
+  if (impl->can_fuse && !impl->fp8) impl->repack_slots_on_device();
   impl->prepare_kernels();
   impl->allocate_workspace();
   MK_CUDA_CHECK(cudaStreamSynchronize(impl->stream));

@@ -47,7 +47,8 @@ const plan::LayerPlan& GpuMoeLayer::Impl::plan_for(int tokens, FuseShared fuse,
     plan::PlanOverrides o = opt.overrides;
     // (a caller's own routing, the engine API's experts(): no gate/up kernel routes its token)
     if (!self_route) o.self_route_tokens = 0;
-    it = plans.emplace(key, plan::plan_layer(spec, tokens, fuse, o, device)).first;
+    it = plans.emplace(key, plan::plan_layer(spec, tokens, fuse, o, device, opt.expert_dtype))
+             .first;
     if (opt.overrides.print) std::cerr << plan::describe(it->second);
   }
   return it->second;
@@ -149,6 +150,7 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
     p.limit = spec.swiglu_limit;
     p.alpha = spec.swiglu_alpha;
     p.beta = spec.swiglu_beta;
+    p.ue8m0 = pl.fp8 && spec.quant.scale_ue8m0 ? 1 : 0;
     record_instance(l.kernel, p);
     return p;
   };
@@ -179,6 +181,12 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
       // 3. routed (+ fused shared) gate/up
       p.w = wp.w13;
       p.w_expert_stride = static_cast<long long>(2) * I * H;
+      if (pl.fp8) {
+        p.w = nullptr;
+        p.w8 = wp.w13_fp8;
+        p.w_scale = wp.w13_scale;
+        p.scale_expert_stride = static_cast<long long>(scales13());
+      }
       p.bias = spec.has_expert_bias ? wp.b13 : nullptr;
       p.bias_expert_stride = static_cast<long long>(2) * I;
       p.inter = I;
@@ -210,6 +218,12 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
       // 4. down + weighted combine
       p.w = wp.w2;
       p.w_expert_stride = static_cast<long long>(H) * I;
+      if (pl.fp8) {
+        p.w = nullptr;
+        p.w8 = wp.w2_fp8;
+        p.w_scale = wp.w2_scale;
+        p.scale_expert_stride = static_cast<long long>(scales2());
+      }
       p.bias = spec.has_expert_bias ? wp.b2 : nullptr;
       p.bias_expert_stride = H;
       p.inter = I;
@@ -256,6 +270,15 @@ void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x
   p.weights = ws.weights;
   p.w13 = wp.w13;
   p.w2 = wp.w2;
+  if (pl.fp8) {
+    p.w13 = nullptr;
+    p.w2 = nullptr;
+    p.w13_fp8 = wp.w13_fp8;
+    p.w13_scale = wp.w13_scale;
+    p.w2_fp8 = wp.w2_fp8;
+    p.w2_scale = wp.w2_scale;
+    p.ue8m0 = spec.quant.scale_ue8m0;
+  }
   p.b13 = spec.has_expert_bias ? wp.b13 : nullptr;
   p.b2 = spec.has_expert_bias ? wp.b2 : nullptr;
   p.activation = spec.activation;

@@ -107,6 +107,7 @@ struct GpuMoeLayer::Impl {
   int E = 0, S = 0, H = 0, I = 0, Is = 0, K = 0, cols = 0;
   bool has_shared = false;
   bool can_fuse = false;
+  bool fp8 = false;  // the experts held as fp8 block-scale (GpuLayerOptions::expert_dtype)
   RoutingConfig cfg_fused, cfg_unfused;
   cudaStream_t stream = nullptr;                 // preparation (uploads, warm-up, memsets)
   std::unique_ptr<SharedDenseMlp> shared_dense;  // the unfused shared MLP's cuBLAS GEMMs
@@ -129,6 +130,7 @@ struct GpuMoeLayer::Impl {
   // the owning layer's weights
   size_t weight_bytes = 0;
   DeviceBuffer router_w, router_bias, corr_bias, w13, w2, b13, b2, shared_w13, shared_w2;
+  DeviceBuffer w13_fp8, w13_scale, w2_fp8, w2_scale;  // fp8: instead of w13, w2 and the shared MLP
   // the owning layer's workspace (one buffer, carved), and its host forward's x and y
   size_t workspace_bytes = 0;
   DeviceBuffer workspace_buf;
@@ -139,6 +141,9 @@ struct GpuMoeLayer::Impl {
   ~Impl();
 
   int rows_fused() const { return E + (can_fuse ? S : 0); }
+  // fp8: floats of one expert's tile scales (the 128 x 128 grids of w13 and w2)
+  size_t scales13() const { return static_cast<size_t>(2 * I / 128) * (H / 128); }
+  size_t scales2() const { return static_cast<size_t>(H / 128) * (I / 128); }
 
   // layer.cu
   void init_shapes();

@@ -109,7 +109,8 @@ bool GpuMoeLayer::Impl::grouped_at_max() const {
   // The prefill path's workspace, where the plan takes that path at max_tokens (its rule holds
   // from a token count on) or it is forced.
   const plan::LayerPlan at_max =
-      plan::plan_layer(spec, opt.max_tokens, FuseShared::Auto, opt.overrides, device);
+      plan::plan_layer(spec, opt.max_tokens, FuseShared::Auto, opt.overrides, device,
+                       opt.expert_dtype);
   return at_max.stream == plan::Stream::Grouped;
 }
 
@@ -128,7 +129,8 @@ void GpuMoeLayer::Impl::prepare_kernels() {
   // (the prefill path runs an unfused shared MLP so too).
   const int dense_from = opt.overrides.shared_dense_tokens >= 0 ? opt.overrides.shared_dense_tokens
                                                                 : plan::kSharedDenseTokens;
-  if (has_shared && ((dense_from > 0 && dense_from <= opt.max_tokens) || grouped)) {
+  // (fp8: the shared expert runs as fused slots only)
+  if (has_shared && !fp8 && ((dense_from > 0 && dense_from <= opt.max_tokens) || grouped)) {
     shared_dense = std::make_unique<SharedDenseMlp>(opt.max_tokens, H, Is);
   }
   warm_up_router_gemm(spec, opt.max_tokens, stream);
