@@ -96,11 +96,13 @@ struct InstanceCase {
   FuseShared fuse = FuseShared::Auto;
   plan::PlanOverrides overrides;
   std::string settings;  // "defaults" or the forced settings, ", "-joined
+  DType experts = DType::BF16;  // the layer's experts: BF16, or F8_E4M3 for the fp8 instances
 
   std::string text() const {
     std::ostringstream os;
     os << shape.model << " H=" << shape.hidden << " E=" << shape.experts << " I=" << shape.inter
-       << " T=" << tokens << " fuse=" << fuse_shared_name(fuse) << " (" << settings << ")";
+       << " T=" << tokens << " fuse=" << fuse_shared_name(fuse)
+       << (experts == DType::F8_E4M3 ? " fp8" : "") << " (" << settings << ")";
     return os.str();
   }
 };
@@ -142,14 +144,25 @@ inline const std::vector<std::optional<InstanceCase>>& find_instance_cases() {
         text += (text.empty() ? "" : ", ") + s->text;
       }
       for (size_t si = 0; si < specs.size() && missing > 0; ++si) {
-        for (int t : kSearchTokens) {
-          for (FuseShared fuse : {FuseShared::Auto, FuseShared::Off}) {
-            if (fuse == FuseShared::Off && specs[si].shared_intermediate == 0) continue;
-            const plan::LayerPlan p = plan::plan_layer(specs[si], t, fuse, o, device);
-            for (const plan::ExpertLaunch& l : p.experts) {
-              if (out[l.kernel]) continue;
-              out[l.kernel] = InstanceCase{kSearchShapes[si], t, fuse, o, text};
-              --missing;
+        // fp8 (the fp8 instances): whole 128 x 128 tiles, the shared expert fused, the bulk
+        // kernels (the prefill path off: its fp8 GEMMs are not instances of this table)
+        const MoeSpec& sp = specs[si];
+        const bool fp8_shape = sp.hidden % 128 == 0 && sp.expert_intermediate % 128 == 0 &&
+                               (!o.stream || *o.stream == plan::Stream::Bulk);
+        for (const DType dt : {DType::BF16, DType::F8_E4M3}) {
+          if (dt == DType::F8_E4M3 && !fp8_shape) continue;
+          plan::PlanOverrides od = o;
+          if (dt == DType::F8_E4M3) od.grouped_from_tokens = 0;
+          for (int t : kSearchTokens) {
+            for (FuseShared fuse : {FuseShared::Auto, FuseShared::Off}) {
+              if (fuse == FuseShared::Off && sp.shared_intermediate == 0) continue;
+              if (fuse == FuseShared::Off && dt == DType::F8_E4M3) continue;
+              const plan::LayerPlan p = plan::plan_layer(sp, t, fuse, od, device, dt);
+              for (const plan::ExpertLaunch& l : p.experts) {
+                if (out[l.kernel]) continue;
+                out[l.kernel] = InstanceCase{kSearchShapes[si], t, fuse, od, text, dt};
+                --missing;
+              }
             }
           }
         }

@@ -105,20 +105,38 @@ TEST(CliPlan, JsonNamesTheSameKernelsPerBatch) {
   EXPECT_EQ(j[0]["routing_kernel"], false) << "one token: the gate/up kernel routes it itself";
 }
 
-TEST(CliListKernels, ListsThe35InstancesOfTheTable) {
+TEST(CliListKernels, ListsThe40InstancesOfTheTable) {
   SKIP_WITHOUT_CLI();
   const CliOutput r = run_moekit("list-kernels");
   ASSERT_EQ(r.status, 0) << r.out;
   const std::vector<std::string> lines = lines_of(r.out);
   const auto kernels = plan::expert_kernels();
-  ASSERT_EQ(lines.size(), 35u) << r.out;
-  ASSERT_EQ(kernels.size(), 35u);
+  ASSERT_EQ(lines.size(), 40u) << r.out;
+  ASSERT_EQ(kernels.size(), 40u);
   for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i], plan::describe(kernels[i]));
   const CliOutput js = run_moekit("list-kernels --json");
   ASSERT_EQ(js.status, 0) << js.out;
   const nlohmann::json j = nlohmann::json::parse(js.out);
-  ASSERT_EQ(j.size(), 35u);
+  ASSERT_EQ(j.size(), 40u);
   for (size_t i = 0; i < j.size(); ++i) EXPECT_EQ(j[i]["name"], kernels[i].name);
+}
+
+// --dtype fp8: DeepSeek-V3's fp8 plan, the fp8 instances, the shared expert fused.
+TEST(CliPlan, Fp8PlanRunsTheFp8Instances) {
+  SKIP_WITHOUT_CLI();
+  const CliOutput r = run_moekit("plan --model deepseek-v3 --batch 32 --dtype fp8");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const plan::LayerPlan p = plan::plan_layer(load_spec("deepseek-v3"), 32, FuseShared::Auto, {},
+                                             plan::device_profile("sm90"), DType::F8_E4M3);
+  EXPECT_EQ(r.out, plan::describe(p));
+  EXPECT_NE(r.out.find("deepseek-v3 T=32 sm90: fused"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fp8 w8a8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bulk_gate_up_weights_only_fp8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bulk_down_weights_only_tail_fp8"), std::string::npos) << r.out;
+  const CliOutput bad = run_moekit("plan --model deepseek-v3 --dtype fp4");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("--dtype 'fp4' is not one of bf16, fp8, config"), std::string::npos)
+      << bad.out;
 }
 
 TEST(CliPlan, UnknownDeviceProfileIsNamed) {

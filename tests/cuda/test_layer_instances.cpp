@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "../fp8_test_util.h"
+#include "../io_test_util.h"
 #include "../plan_instance_search.h"
 #include "knob_test_util.h"
 #include "layer_test_util.h"
@@ -30,19 +32,32 @@ TEST_P(GpuLayerInstance, MatchesCpuReferenceAndItself) {
                                  << " (the CPU test PlanInstance.* says the same)";
   const InstanceCase& c = *found;
   const MoeSpec spec = small_spec(c.shape.model, c.shape.hidden, c.shape.experts, c.shape.inter);
-  ASSERT_TRUE(plan_runs(spec, c.tokens, c.fuse, c.overrides, k.name)) << c.text();
+  ASSERT_TRUE(plan_runs(spec, c.tokens, c.fuse, c.overrides, k.name, c.experts)) << c.text();
   std::printf("%s: %s\n", k.name, c.text().c_str());
   SKIP_WITHOUT_GPU();
-  const auto w = make_random_weights(spec, spec.moe_layers.front(), 200 + index);
+  const bool fp8 = c.experts == DType::F8_E4M3;
+  // fp8: the random weights through an fp8 checkpoint of the project's writer, loaded as fp8
+  std::unique_ptr<LayerWeights> w;
+  if (fp8) {
+    const std::string dir = scratch_dir();
+    write_fp8_checkpoint(spec, spec.moe_layers.front(), 200 + index, false, dir);
+    LoadOptions lo;
+    lo.expert_dtype = DType::F8_E4M3;
+    w = load_checkpoint_weights(spec, spec.moe_layers.front(), dir, lo);
+  } else {
+    w = make_random_weights(spec, spec.moe_layers.front(), 200 + index);
+  }
   cuda::GpuLayerOptions opt;
   opt.max_tokens = c.tokens;
   opt.overrides = c.overrides;
   const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
   const std::string what = std::string(k.name) + ": " + c.text();
-  expect_layer_runs_its_plan(*gpu, spec, c.tokens, c.fuse, c.overrides, what);
+  expect_layer_runs_its_plan(*gpu, spec, c.tokens, c.fuse, c.overrides, what, c.experts);
   const std::vector<Bf16> x = random_x(c.tokens, spec.hidden, 300 + index);
   const ForwardResult first = gpu->forward(x.data(), c.tokens, c.fuse);
-  expect_layer_matches_cpu(spec, *w, x.data(), c.tokens, first, c.fuse, what);
+  expect_layer_matches(spec, c.tokens, first,
+                       cpu_reference::forward(*w, x.data(), c.tokens, c.fuse, Fp8Compute::W8A8),
+                       what);
   for (int rep = 1; rep <= 2; ++rep) {
     EXPECT_EQ(gpu->forward(x.data(), c.tokens, c.fuse).y, first.y) << what << ": forward " << rep + 1;
   }

@@ -1,5 +1,5 @@
 // `moekit plan --model M --batch 1,32,4096 [--fuse-shared auto|on|off] [--device-info sm90|live]
-// [--json]`: which kernels a GPU forward runs at each batch and why (moekit/plan.h), without a
+// [--dtype bf16|fp8|config] [--json]`: which kernels a GPU forward runs at each batch and why (moekit/plan.h), without a
 // GPU unless --device-info live; the environment's plan knobs apply as they do for `bench`.
 // `moekit list-kernels`: every compiled expert-kernel instance of the plan's table.
 #include <cstdio>
@@ -23,6 +23,7 @@ struct PlanOptions {
   std::string batches = "1,32,128";
   std::string fuse = "auto";
   std::string device_info = "sm90";
+  std::string dtype = "bf16";
   bool json = false;
 };
 
@@ -37,9 +38,13 @@ int run_plan(const PlanOptions& o) {
   const MoeSpec spec = load_spec(o.model);
   const plan::DeviceInfo dev = device_info(o.device_info);
   const FuseShared fuse = parse_fuse_shared(o.fuse);
+  MK_CHECK(o.dtype == "bf16" || o.dtype == "fp8" || o.dtype == "config",
+           "plan: --dtype '" << o.dtype << "' is not one of bf16, fp8, config");
+  const bool fp8 = o.dtype == "fp8" || (o.dtype == "config" && spec.fp8_experts());
+  const DType experts = fp8 ? DType::F8_E4M3 : DType::BF16;
   nlohmann::json plans = nlohmann::json::array();
   for (const int t : parse_token_list(o.batches, "--batch")) {
-    const plan::LayerPlan p = plan::plan_layer(spec, t, fuse, env_overrides(), dev);
+    const plan::LayerPlan p = plan::plan_layer(spec, t, fuse, env_overrides(), dev, experts);
     if (o.json) {
       plans.push_back(nlohmann::json::parse(plan::to_json(p)));
     } else {
@@ -60,6 +65,9 @@ void add_plan_commands(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--fuse-shared", o->fuse, "auto|on|off")->capture_default_str();
   cmd->add_option("--device-info", o->device_info, "sm90|sm100 (profiles) or live (the GPU)")
+      ->capture_default_str();
+  cmd->add_option("--dtype", o->dtype,
+                  "Experts held in bf16|fp8|config (what the config declares)")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print the plans as JSON");
   cmd->callback([o] {
@@ -87,6 +95,7 @@ void add_plan_commands(CLI::App& app) {
                      {"down_tail", k.down_tail},
                      {"half_items", k.half_items},
                      {"self_route", k.self_route},
+                     {"fp8", k.fp8},
                      {"unroll", k.unroll},
                      {"warps", k.warps},
                      {"ctas_per_sm", k.ctas_per_sm}});
