@@ -44,6 +44,7 @@ AB_ARGS="${AB_ARGS:-}"  # more `moekit bench` arguments for the ab stage, e.g. -
 PROFILE_MODELS="${PROFILE_MODELS:-deepseek-v3 qwen3-30b-a3b}"
 PROFILE_KERNEL="${PROFILE_KERNEL:-${MOEKIT_EXPERTS_KERNEL:-}}"  # expert-kernel variant under ncu
 PROFILE_TOKENS="${PROFILE_TOKENS:-1}"
+# PROFILE_ARGS: more `moekit run` arguments for the profile stage (e.g. --expert-dtype fp8)
 summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -196,7 +197,7 @@ if has_stage profile && [ -x "$MOEKIT" ]; then
       "(MOEKIT_EXPERTS_KERNEL=${PROFILE_KERNEL:-default})" >>"$OUT/ncu.txt"
     timed "ncu $m T=$tk" "$LOGS/ncu.log" sh -c "exec env MOEKIT_EXPERTS_KERNEL='$PROFILE_KERNEL' ncu --clock-control none --csv --page raw -k regex:'router|routing|experts|prefill|device_kernel|gemm|sm90' \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size,launch__registers_per_thread \
-      '$MOEKIT' run --device cuda --model $m --tokens $tk >'$LOGS/ncu_${m}_$tk.csv'"
+      '$MOEKIT' run --device cuda --model $m --tokens $tk ${PROFILE_ARGS:-} >'$LOGS/ncu_${m}_$tk.csv'"
     python3 - "$LOGS/ncu_${m}_$tk.csv" >>"$OUT/ncu.txt" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
@@ -218,7 +219,7 @@ PY
       timed "ncu source $m T=$tk" "$LOGS/ncu.log" sh -c "exec env MOEKIT_EXPERTS_KERNEL='$PROFILE_KERNEL' ncu --clock-control none \
         --section SourceCounters --section WarpStateStats -k regex:experts --launch-count 3 \
         --page source --csv --print-source sass '$MOEKIT' run --device cuda --model $m --tokens $tk \
-        >'$LOGS/ncu_source_${m}_$tk.csv'"
+        ${PROFILE_ARGS:-} >'$LOGS/ncu_source_${m}_$tk.csv'"
       python3 scripts/ncu_source_summary.py "$LOGS/ncu_source_${m}_$tk.csv" >>"$OUT/ncu_source.txt"
     fi
   done; done

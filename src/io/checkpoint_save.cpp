@@ -24,8 +24,9 @@ namespace fs = std::filesystem;
 // Owns the bytes of the tensors being written (deque: stable addresses as it grows).
 class TensorSet {
  public:
-  TensorSet(CheckpointNaming naming, DType expert_dtype)
-      : naming_(naming), expert_dtype_(expert_dtype) {}
+  // pow2_scales: fp8 tile scales rounded up to powers of two (a config with scale_fmt ue8m0)
+  TensorSet(CheckpointNaming naming, DType expert_dtype, bool pow2_scales)
+      : naming_(naming), expert_dtype_(expert_dtype), pow2_scales_(pow2_scales) {}
 
   std::vector<uint8_t>& add(const std::string& name, DType dtype, std::vector<int64_t> shape,
                             size_t bytes) {
@@ -77,7 +78,7 @@ class TensorSet {
         auto& s = add(scale_name, DType::F32, std::move(sshape), count * rb * kb * 4);
         for (size_t m = 0; m < count; ++m) {
           io::quantize_fp8_block(src + m * rows * cols, rows, cols, q.data() + m * rows * cols,
-                                 reinterpret_cast<float*>(s.data()) + m * rb * kb);
+                                 reinterpret_cast<float*>(s.data()) + m * rb * kb, pow2_scales_);
         }
         return;
       }
@@ -89,6 +90,7 @@ class TensorSet {
  private:
   CheckpointNaming naming_;
   DType expert_dtype_;
+  bool pow2_scales_;
   std::deque<std::vector<uint8_t>> buffers_;
   std::map<std::string, SafetensorsWriteTensor> tensors_;
 };
@@ -150,7 +152,7 @@ std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
            "save_checkpoint: the weights of " << w.origin() << " are held in "
                                               << dtype_name(w.expert_dtype())
                                               << "; load them with expert dtype BF16 to save");
-  TensorSet out(naming, o.expert_dtype);
+  TensorSet out(naming, o.expert_dtype, spec.quant.scale_ue8m0);
 
   // Router (in the weights' router dtype), Qwen2's shared gate row apart.
   const size_t rsize = dtype_size(w.router_dtype());

@@ -142,7 +142,7 @@ void decode_mxfp4_row(const uint8_t* blocks, const float* scales, size_t groups,
 }
 
 void quantize_fp8_block(const Bf16* src, size_t rows, size_t cols, uint8_t* q_out,
-                        float* scale_out) {
+                        float* scale_out, bool pow2) {
   const size_t rb = ceil_div(rows, kFp8Block), kb = ceil_div(cols, kFp8Block);
   for (size_t i = 0; i < rb; ++i) {
     for (size_t j = 0; j < kb; ++j) {
@@ -152,7 +152,12 @@ void quantize_fp8_block(const Bf16* src, size_t rows, size_t cols, uint8_t* q_ou
       for (size_t r = i * kFp8Block; r < r1; ++r)
         for (size_t c = j * kFp8Block; c < c1; ++c)
           amax = std::max(amax, std::fabs(bf16_to_float(src[r * cols + c])));
-      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      if (pow2) {
+        int e = 0;
+        const float m = std::frexp(scale, &e);  // scale = m 2^e, m in [0.5, 1)
+        scale = std::ldexp(1.0f, m == 0.5f ? e - 1 : e);
+      }
       scale_out[i * kb + j] = scale;
       for (size_t r = i * kFp8Block; r < r1; ++r)
         for (size_t c = j * kFp8Block; c < c1; ++c)

@@ -45,9 +45,10 @@ float e8m0_value(uint8_t b);
 void decode_mxfp4_row(const uint8_t* blocks, const float* scales, size_t groups, float* out);
 
 // Quantises a bf16 [rows, cols] matrix to fp8 e4m3 with 128x128 block scales amax / 448 (scale 1
-// for an all-zero block); scale_out has ceil(rows/128) * ceil(cols/128) entries.
+// for an all-zero block; pow2: rounded up to a power of two, as scale_fmt ue8m0 stores them);
+// scale_out has ceil(rows/128) * ceil(cols/128) entries.
 void quantize_fp8_block(const Bf16* src, size_t rows, size_t cols, uint8_t* q_out,
-                        float* scale_out);
+                        float* scale_out, bool pow2 = false);
 
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 

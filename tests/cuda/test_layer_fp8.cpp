@@ -118,7 +118,7 @@ TEST(GpuFp8, GraphReplayEqualsTheEagerForward) {
 // Small shapes for the sanitizers: one token and tasks of 16, DeepSeek-V3's family.
 TEST(GpuFp8Small, SanitizerShapes) {
   SKIP_WITHOUT_GPU();
-  const MoeSpec spec = shrunk_spec("deepseek-v3", 256, 128, 8);
+  const MoeSpec spec = shrunk_spec("deepseek-v3", 256, 128, 16);
   const auto w = fp8_layer(spec, 9, "small");
   cuda::GpuLayerOptions opt = base_options(24);
   opt.overrides.grouped_from_tokens = 0;

@@ -64,12 +64,15 @@ void run(const RunOptions& options) {
   MK_CHECK(o.expert_dtype == "bf16" || o.expert_dtype == "fp8",
            "--expert-dtype '" << o.expert_dtype << "' is not one of bf16, fp8");
   const bool keep_fp8 = o.expert_dtype == "fp8";
-  MK_CHECK(!keep_fp8 || !o.weights.empty(),
+  // (the GPU holds random fp8 experts too: codes and tile scales generated there)
+  MK_CHECK(!keep_fp8 || !o.weights.empty() || device == "cuda",
            "--expert-dtype fp8 keeps a checkpoint's fp8 experts: it needs --weights");
-  MK_CHECK(!keep_fp8 || device == "cpu",
-           "--expert-dtype fp8 runs on the CPU (--device cpu); the GPU layer takes bf16");
   const Fp8Compute fp8_compute = parse_fp8_compute(
-      !o.fp8_compute.empty() ? o.fp8_compute : o.backend == "fast" ? "weight-only" : "w8a8");
+      !o.fp8_compute.empty()                   ? o.fp8_compute
+      : o.backend == "fast" && device == "cpu" ? "weight-only"
+                                               : "w8a8");
+  MK_CHECK(!keep_fp8 || device == "cpu" || fp8_compute == Fp8Compute::W8A8,
+           "the GPU layer computes fp8 experts W8A8, not " << fp8_compute_name(fp8_compute));
   MK_CHECK(!(fuse == FuseShared::On && !spec.can_fuse_shared()),
            "--fuse-shared on: '" << spec.name << "' has "
                                  << (spec.shared_kind == SharedKind::None
@@ -94,6 +97,7 @@ void run(const RunOptions& options) {
     cuda::GpuLayerOptions opt;
     opt.max_tokens = o.tokens;
     opt.overrides = env_overrides();
+    opt.expert_dtype = keep_fp8 ? DType::F8_E4M3 : DType::BF16;
     gpu_layer = cuda::GpuMoeLayer::create_random(spec, layer, o.seed, opt);
     origin = "random seed " + std::to_string(o.seed) + " (generated on the GPU)";
   } else {
@@ -123,7 +127,8 @@ void run(const RunOptions& options) {
                       {"weights", origin}});
   // The other fusion mode, on the same backend, for the fused-vs-unfused agreement check.
   double fused_vs_unfused = -1.0;
-  if (spec.can_fuse_shared()) {
+  // (fp8 on the GPU: the shared expert runs fused only)
+  if (spec.can_fuse_shared() && !(keep_fp8 && device == "cuda")) {
     const ForwardResult other = forward(r.fused ? FuseShared::Off : FuseShared::On);
     check_finite_output(other.y, spec.hidden, std::string("the forward (shared expert ") +
                                                   (other.fused ? "fused)" : "unfused)"));

@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "common/fp8_quotient.h"
+
 namespace moekit::cuda::experts_detail {
 
 constexpr int kFp8BlockK = 128;  // elements (= bytes) of an fp8 k block: one tile-scale column
@@ -60,8 +62,8 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
 // A thread's 32 bf16 activations of a k block (v[0..1]: its elements 16t..16t+15, v[2..3]:
 // 64+16t..64+16t+15) quantised with the block's scale, the amax over the row quad's four lanes
 // (the token's 128 elements): q[0] / q[1] the e4m3 codes at the same positions. Returns the scale.
-// Every lane of the warp calls it (the quad's shuffles). q = e4m3(v / s) with an IEEE division,
-// as the reference.
+// Every lane of the warp calls it (the quad's shuffles). q = e4m3(v / s), the codes of the
+// reference's IEEE division (fp8_quotient).
 __device__ __forceinline__ float quantize_fragment_fp8(const uint4 (&v)[4], bool ue8m0,
                                                        uint4 (&q)[2]) {
   float f[32];
@@ -80,11 +82,13 @@ __device__ __forceinline__ float quantize_fragment_fp8(const uint4 (&v)[4], bool
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
   amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
   const float s = fp8_activation_scale(amax, ue8m0);
+  const float r = __frcp_rn(s);
   uint32_t b[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const uint32_t p0 = e4m3x2(__fdiv_rn(f[4 * i], s), __fdiv_rn(f[4 * i + 1], s));
-    const uint32_t p1 = e4m3x2(__fdiv_rn(f[4 * i + 2], s), __fdiv_rn(f[4 * i + 3], s));
+    const uint32_t p0 = e4m3x2(fp8_quotient(f[4 * i], s, r), fp8_quotient(f[4 * i + 1], s, r));
+    const uint32_t p1 =
+        e4m3x2(fp8_quotient(f[4 * i + 2], s, r), fp8_quotient(f[4 * i + 3], s, r));
     b[i] = p0 | (p1 << 16);
   }
   q[0] = make_uint4(b[0], b[1], b[2], b[3]);
