@@ -18,6 +18,15 @@
 // fused epilogue needs the gate and up columns of an h column in one tile: w13's gate rows then up
 // rows put them I columns apart).
 //
+// fp8 block-scale experts (w13_fp8 set: e4m3 weights, one fp32 scale per 128 x 128 tile) run
+// W8A8 as the CPU reference does (reference_fp8.cpp, docs/decisions/fp8_experts.md):
+//   2. permute  xq[pos(q)] = e4m3(x[q / slots] / s) per 128 channels, s = max(amax, 1e-4) / 448
+//               (ue8m0: rounded up to a power of two), the scales [rows, H/128] beside it
+//   3. gate/up  the fp8 grouped GEMM with 128-block scaling (prefill_gemm_fp8.h), bf16 out
+//   4. act      h in fp32 from the bf16 gate/up, quantised per 128 columns by the same rule
+//   5. down     the fp8 grouped GEMM, bf16 partials; steps 1 and 6 as above.
+// It needs H and I multiples of 128.
+//
 // No host synchronisation: every size the host needs is the token count and the spec's shapes,
 // so a CUDA graph can capture a launch. The result does not depend on the order of the pairs
 // (each pair is its own GEMM row; the combine sums in slot order): bit-for-bit repeatable.
@@ -75,8 +84,10 @@ struct PrefillParams {
 };
 
 // Device workspace of the path for up to max_tokens tokens (permuted x, gate/up, h, the down
-// partials, the plan and both GEMMs' group arrays and CUTLASS workspaces), on the current device.
-size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter);
+// partials, the plan and both GEMMs' group arrays and CUTLASS workspaces), on the current device;
+// fp8: for fp8 block-scale weights (x and h as e4m3 with their scales, the fp8 GEMM's arrays).
+size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter,
+                               bool fp8 = false);
 
 // Whether the current device runs the path (sm_90a: compute capability 9.0); else `why`.
 bool prefill_supported(const char** why = nullptr);
