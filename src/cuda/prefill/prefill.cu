@@ -22,15 +22,14 @@ void check_fp8_params(const PrefillParams& p) {
            "prefill: w13_fp8 is set, so w13 and w2 must be null (bf16 or fp8 weights, not both)");
   MK_CHECK(p.w13_scale != nullptr && p.w2_fp8 != nullptr && p.w2_scale != nullptr,
            "prefill: fp8 weights need w13_fp8, w13_scale, w2_fp8 and w2_scale, got w13_scale "
-               << p.w13_scale << ", w2_fp8 " << static_cast<const void*>(p.w2_fp8)
-               << ", w2_scale " << p.w2_scale);
-  MK_CHECK(p.hidden % kPrefillFp8Block == 0,
-           "prefill: fp8 weights need hidden a multiple of " << kPrefillFp8Block << ", got "
-                                                             << p.hidden);
-  MK_CHECK(p.inter % kPrefillFp8Block == 0,
-           "prefill: fp8 weights need inter a multiple of " << kPrefillFp8Block << ", got "
-                                                            << p.inter);
-  for (const void* ptr : {static_cast<const void*>(p.w13_fp8), static_cast<const void*>(p.w2_fp8)}) {
+               << p.w13_scale << ", w2_fp8 " << static_cast<const void*>(p.w2_fp8) << ", w2_scale "
+               << p.w2_scale);
+  MK_CHECK(p.hidden % kPrefillFp8Block == 0, "prefill: fp8 weights need hidden a multiple of "
+                                                 << kPrefillFp8Block << ", got " << p.hidden);
+  MK_CHECK(p.inter % kPrefillFp8Block == 0, "prefill: fp8 weights need inter a multiple of "
+                                                << kPrefillFp8Block << ", got " << p.inter);
+  for (const void* ptr :
+       {static_cast<const void*>(p.w13_fp8), static_cast<const void*>(p.w2_fp8)}) {
     MK_CHECK(aligned16(ptr), "prefill: fp8 weights must be 16-byte aligned, got " << ptr);
   }
   for (const void* ptr :

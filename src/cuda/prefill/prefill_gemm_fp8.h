@@ -1,7 +1,8 @@
 // The prefill path's fp8 grouped GEMM with 128-block scaling (W8A8), for fp8 block-scale experts:
 // for every group g,
 //
-//   D_g[m, n] = sum over K blocks b of (sum_{k in b} A_g[m, k] B_g[n, k]) * SA_g[m, b] * SB_g[n/128, b]
+//   D_g[m, n] = sum over K blocks b of (sum_{k in b} A_g[m, k] B_g[n, k]) * SA_g[m, b] *
+//   SB_g[n/128, b]
 //
 // A [M_g, K] and B [N_g, K] e4m3 (row-major, K contiguous), SA [M_g, K/128] fp32 (one scale per
 // row per 128 K: the activation quantiser's, row-major), SB [N_g/128, K/128] fp32 (one per

@@ -35,8 +35,8 @@ struct Fp8GroupedGemm {
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
   using ElementD = cutlass::bfloat16_t;
-  using ElementAccumulator = float;  // also the scales' type (the collective requires it)
-  using LayoutA = cutlass::layout::RowMajor;     // [M, K], K contiguous
+  using ElementAccumulator = float;           // also the scales' type (the collective requires it)
+  using LayoutA = cutlass::layout::RowMajor;  // [M, K], K contiguous
   using LayoutB = cutlass::layout::ColumnMajor;  // K x N with K contiguous: the [N, K] weight rows
   using LayoutD = cutlass::layout::RowMajor;     // [M, N]
   static constexpr int kAlignAB = 128 / cutlass::sizeof_bits<ElementA>::value;
@@ -135,8 +135,9 @@ void run_prefill_gemm_fp8(const PrefillFp8GroupArrays& arrays, int groups, void*
   const typename Gemm::Arguments args = Fp8GroupedGemm::arguments(arrays, groups);
   Gemm gemm;
   cutlass::Status st = gemm.can_implement(args);
-  MK_CHECK(st == cutlass::Status::kSuccess, "prefill fp8 grouped GEMM: CUTLASS cannot implement it: "
-                                                << cutlass::cutlassGetStatusString(st));
+  MK_CHECK(st == cutlass::Status::kSuccess,
+           "prefill fp8 grouped GEMM: CUTLASS cannot implement it: "
+               << cutlass::cutlassGetStatusString(st));
   // (initialize fills the kernel's parameters on the host and sets its shared-memory limit; no
   // stream work, so a graph capture records the launch alone)
   st = gemm.initialize(args, workspace, stream);

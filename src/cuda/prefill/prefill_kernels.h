@@ -24,12 +24,12 @@ struct PrefillWorkspace {
   __nv_bfloat16* xs = nullptr;  // [P, H] permuted x
   __nv_bfloat16* gu = nullptr;  // [P, 2I] gate/up GEMM output
   __nv_bfloat16* h = nullptr;   // [P, I] activation
-  __nv_bfloat16* partial = nullptr;  // [P, H] down GEMM output (unweighted, no bias)
-  PrefillGroupArrays gate_up, down;  // [rows] each
-  uint8_t* xq = nullptr;      // [P, H] e4m3: permuted x, quantised per 128 channels
-  float* xq_scale = nullptr;  // [P, H/128]
-  uint8_t* hq = nullptr;      // [P, I] e4m3: the activation, quantised per 128 channels
-  float* hq_scale = nullptr;  // [P, I/128]
+  __nv_bfloat16* partial = nullptr;       // [P, H] down GEMM output (unweighted, no bias)
+  PrefillGroupArrays gate_up, down;       // [rows] each
+  uint8_t* xq = nullptr;                  // [P, H] e4m3: permuted x, quantised per 128 channels
+  float* xq_scale = nullptr;              // [P, H/128]
+  uint8_t* hq = nullptr;                  // [P, I] e4m3: the activation, quantised per 128 channels
+  float* hq_scale = nullptr;              // [P, I/128]
   PrefillFp8GroupArrays gate_up8, down8;  // [rows] each
   void* gemm_workspace[2] = {nullptr, nullptr};
   size_t gemm_workspace_bytes = 0;

@@ -98,8 +98,8 @@ struct ActFp8Args {
   const float* b13;         // [rows, 2I] or null
   const int* row_expert;
   const int* total_rows;
-  uint8_t* hq;              // [P, I]
-  float* hq_scale;          // [P, I/128]
+  uint8_t* hq;      // [P, I]
+  float* hq_scale;  // [P, I/128]
   long long max_rows;
   int inter;
   Activation act;
