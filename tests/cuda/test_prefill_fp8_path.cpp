@@ -208,7 +208,7 @@ float dot_w8a8_f32(const cpu_reference::Fp8Rows& w, size_t r, const uint8_t* qa,
 
 enum class Sums { Double, Fp32 };
 
-std::vector<double> emulated_y(const Fp8Case& c, Sums sums) {
+std::vector<double> emulated_y(const Fp8Case& c, Sums sums, bool ue8m0 = false) {
   using cpu_reference::Fp8Rows;
   const int H = c.spec.hidden, I = c.spec.expert_intermediate;
   EXPECT_EQ(c.spec.activation, Activation::Silu);
@@ -222,7 +222,7 @@ std::vector<double> emulated_y(const Fp8Case& c, Sums sums) {
   };
   for (int t = 0; t < c.tokens; ++t) {
     for (int k = 0; k < H; ++k) v[k] = bf16_to_float(c.x[static_cast<size_t>(t) * H + k]);
-    cpu_reference::quantize_activation_fp8(v.data(), H, false, xq.data(), xs.data());
+    cpu_reference::quantize_activation_fp8(v.data(), H, ue8m0, xq.data(), xs.data());
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int s = 0; s < c.slots; ++s) {
       const size_t q = static_cast<size_t>(t) * c.slots + s;
@@ -234,7 +234,7 @@ std::vector<double> emulated_y(const Fp8Case& c, Sums sums) {
         gu[j] = bf16_to_float(float_to_bf16(dot(w13, j, xq.data(), xs.data(), H)));
       }
       for (int i = 0; i < I; ++i) h[i] = silu_mul(gu[i], gu[I + i]);
-      cpu_reference::quantize_activation_fp8(h.data(), I, false, hq.data(), hs.data());
+      cpu_reference::quantize_activation_fp8(h.data(), I, ue8m0, hq.data(), hs.data());
       const float weight = c.ref.routing.weights[q];
       for (int r = 0; r < H; ++r) {
         const float partial = bf16_to_float(float_to_bf16(dot(w2, r, hq.data(), hs.data(), I)));
@@ -273,6 +273,10 @@ TEST(GpuPrefillFp8, HostEmulationAgainstReference) {
         tokens, err, err_sums);
     EXPECT_LE(err, kTolReference) << "T=" << tokens << " (seed " << c.seed << ")";
     EXPECT_LE(err_sums, kTolEmulation) << "T=" << tokens << " (seed " << c.seed << ")";
+    // the ue8m0 rule moves y by far more than kTolEmulation: the GPU's ue8m0 check can fail
+    const double err_ue8m0 = rel_error(emulated_y(c, Sums::Double, true), emulated);
+    std::printf("  host emulation T=%d: ue8m0 against plain scales %.2e\n", tokens, err_ue8m0);
+    EXPECT_GT(err_ue8m0, 2 * kTolEmulation) << "T=" << tokens;
   }
 }
 
@@ -343,6 +347,18 @@ void check_whole_path(int tokens) {
   size_t non_finite = 0;
   EXPECT_LE(rel_error(cutlass_y, naive, &non_finite), kTolEmulation) << "CUTLASS against naive";
   EXPECT_TRUE(run(cuda::PrefillGemm::Cutlass) == cutlass_y) << "y differs between two runs";
+
+  // ue8m0 activation scales (DeepSeek-V3.1+ / V4's scale_fmt) through the whole path, against
+  // the host emulation with the same rule (the checkpoint's weight scales stay as written)
+  p.ue8m0 = true;
+  const std::vector<uint16_t> ue8m0_y = run(cuda::PrefillGemm::Cutlass);
+  size_t ue8m0_non_finite = 0;
+  const double ue8m0_err = rel_error(ue8m0_y, emulated_y(c, Sums::Double, true), &ue8m0_non_finite);
+  EXPECT_EQ(ue8m0_non_finite, 0u) << "ue8m0";
+  EXPECT_LE(ue8m0_err, kTolEmulation) << "ue8m0 T=" << tokens << " against the host emulation";
+  std::printf("  fp8 prefill CUTLASS T=%d ue8m0: relative error %.2e against the host emulation\n",
+              tokens, ue8m0_err);
+  p.ue8m0 = spec.quant.scale_ue8m0;
 
   // a CUDA graph of the fp8 launch replays to the eager result bit for bit
   cudaStream_t stream = nullptr;
