@@ -48,8 +48,8 @@ enum class PrefillGemm { Cutlass, Naive };
 
 struct PrefillParams {
   int tokens = 0;  // T, 1..max_tokens
-  int hidden = 0;  // H, multiple of 64
-  int inter = 0;   // I of one expert (or fused shared slot), multiple of 64
+  int hidden = 0;  // H, multiple of 64 (fp8 weights: of 128)
+  int inter = 0;   // I of one expert (or fused shared slot), multiple of 64 (fp8: of 128)
   int rows = 0;    // weight rows E + S: the GEMMs' group count, ids' range
   int slots = 0;   // per token: top_k (+ fused shared slots)
   int max_tokens = 0;  // what `workspace` was sized for (prefill_workspace_bytes)
@@ -77,9 +77,11 @@ struct PrefillParams {
   int* error_flag = nullptr;   // set to 1 when an id falls outside [0, rows) (its slot dropped)
 
   PrefillGemm gemm = PrefillGemm::Cutlass;
-  int tile_m = 128;  // the CUTLASS instance's tile rows: 128 or 64 (plan::LayerPlan::grouped_tile_m)
+  // the bf16 CUTLASS instance's tile rows: 128 or 64 (plan::LayerPlan::grouped_tile_m); the fp8
+  // GEMM has one instance (128 x 128 tiles) and ignores it
+  int tile_m = 128;
 
-  void* workspace = nullptr;  // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter)
+  void* workspace = nullptr;  // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter, fp8)
   size_t workspace_bytes = 0;
 };
 
