@@ -6,6 +6,7 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/prefill/prefill.h"
 #include "cuda/prefill/prefill_gemm.h"
+#include "cuda/prefill/prefill_gemm_fp8.h"
 #include "cuda/prefill/prefill_kernels.h"
 #include "moekit/error.h"
 
@@ -13,6 +14,30 @@ namespace moekit::cuda {
 namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The fp8 block-scale weights (w13_fp8 set): every fp8 field, no bf16 weight, 128-multiple
+// shapes (one scale per whole 128 x 128 tile; the GEMM's scale blocks), TMA-aligned bytes.
+void check_fp8_params(const PrefillParams& p) {
+  MK_CHECK(p.w13 == nullptr && p.w2 == nullptr,
+           "prefill: w13_fp8 is set, so w13 and w2 must be null (bf16 or fp8 weights, not both)");
+  MK_CHECK(p.w13_scale != nullptr && p.w2_fp8 != nullptr && p.w2_scale != nullptr,
+           "prefill: fp8 weights need w13_fp8, w13_scale, w2_fp8 and w2_scale, got w13_scale "
+               << p.w13_scale << ", w2_fp8 " << static_cast<const void*>(p.w2_fp8) << ", w2_scale "
+               << p.w2_scale);
+  MK_CHECK(p.hidden % kPrefillFp8Block == 0, "prefill: fp8 weights need hidden a multiple of "
+                                                 << kPrefillFp8Block << ", got " << p.hidden);
+  MK_CHECK(p.inter % kPrefillFp8Block == 0, "prefill: fp8 weights need inter a multiple of "
+                                                << kPrefillFp8Block << ", got " << p.inter);
+  for (const void* ptr :
+       {static_cast<const void*>(p.w13_fp8), static_cast<const void*>(p.w2_fp8)}) {
+    MK_CHECK(aligned16(ptr), "prefill: fp8 weights must be 16-byte aligned, got " << ptr);
+  }
+  for (const void* ptr :
+       {static_cast<const void*>(p.w13_scale), static_cast<const void*>(p.w2_scale)}) {
+    MK_CHECK(reinterpret_cast<uintptr_t>(ptr) % 4 == 0,
+             "prefill: fp8 weight scales must be 4-byte aligned, got " << ptr);
+  }
+}
 
 void check_params(const PrefillParams& p) {
   MK_CHECK(p.max_tokens >= 1, "prefill: expected max_tokens >= 1, got " << p.max_tokens);
@@ -28,9 +53,19 @@ void check_params(const PrefillParams& p) {
   MK_CHECK(p.slots >= 1, "prefill: expected slots >= 1, got " << p.slots);
   MK_CHECK(prefill_tile_m_supported(p.tile_m),
            "prefill: expected tile_m 128 or 64, got " << p.tile_m);
-  MK_CHECK(p.x != nullptr && p.ids != nullptr && p.weights != nullptr && p.w13 != nullptr &&
-               p.w2 != nullptr && p.y != nullptr && p.workspace != nullptr,
-           "prefill: x, ids, weights, w13, w2, y and workspace must be set");
+  MK_CHECK(p.x != nullptr && p.ids != nullptr && p.weights != nullptr && p.y != nullptr &&
+               p.workspace != nullptr,
+           "prefill: x, ids, weights, y and workspace must be set");
+  if (p.w13_fp8 != nullptr) {
+    check_fp8_params(p);
+  } else {
+    MK_CHECK(p.w13 != nullptr && p.w2 != nullptr,
+             "prefill: expected bf16 weights (w13 and w2) or fp8 ones (w13_fp8, ...), got "
+                 << (p.w13 != nullptr ? "w13" : "no w13") << " and "
+                 << (p.w2 != nullptr ? "w2" : "no w2"));
+    MK_CHECK(p.w13_scale == nullptr && p.w2_fp8 == nullptr && p.w2_scale == nullptr,
+             "prefill: fp8 fields set without w13_fp8 (w13_scale, w2_fp8 or w2_scale)");
+  }
   MK_CHECK((p.shared_partial == nullptr) == (p.shared_scale == nullptr),
            "prefill: shared_partial and shared_scale go together (one is null, the other not)");
   // (16-byte vector loads and stores of x, y, the biases and the shared partial; TMA operands)
@@ -46,8 +81,9 @@ void check_params(const PrefillParams& p) {
 
 }  // namespace
 
-size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter) {
-  return prefill_carve(nullptr, max_tokens, slots, rows, hidden, inter).total_bytes;
+size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter,
+                               bool fp8) {
+  return prefill_carve(nullptr, max_tokens, slots, rows, hidden, inter, fp8).total_bytes;
 }
 
 bool prefill_supported(const char** why) { return prefill_gemm_supported(why); }
@@ -59,11 +95,13 @@ double prefill_expert_flops(int tokens, int slots, int hidden, int inter) {
 
 void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream) {
   check_params(p);
+  const bool fp8 = p.w13_fp8 != nullptr;
   const PrefillWorkspace ws =
-      prefill_carve(p.workspace, p.max_tokens, p.slots, p.rows, p.hidden, p.inter);
+      prefill_carve(p.workspace, p.max_tokens, p.slots, p.rows, p.hidden, p.inter, fp8);
   MK_CHECK(p.workspace_bytes >= ws.total_bytes,
            "prefill: workspace of " << p.workspace_bytes << " bytes, expected at least "
-                                    << ws.total_bytes << " (prefill_workspace_bytes)");
+                                    << ws.total_bytes << " (prefill_workspace_bytes, fp8 "
+                                    << (fp8 ? "true" : "false") << ")");
   auto gemm = [&](const PrefillGroupArrays& arrays, int n, void* gemm_workspace) {
     if (p.gemm == PrefillGemm::Naive) {
       run_prefill_gemm_naive(arrays, p.rows, n, stream);
@@ -71,11 +109,26 @@ void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream) {
       run_prefill_gemm(arrays, p.rows, p.tile_m, gemm_workspace, stream);
     }
   };
+  // (the fp8 GEMM has one instance, 128 x 128 tiles: tile_m does not apply to it)
+  auto gemm_fp8 = [&](const PrefillFp8GroupArrays& arrays, int n, void* gemm_workspace) {
+    if (p.gemm == PrefillGemm::Naive) {
+      run_prefill_gemm_fp8_naive(arrays, p.rows, n, stream);
+    } else {
+      run_prefill_gemm_fp8(arrays, p.rows, gemm_workspace, stream);
+    }
+  };
   launch_prefill_plan(p, ws, stream);
-  launch_prefill_permute(p, ws, stream);
-  gemm(ws.gate_up, 2 * p.inter, ws.gemm_workspace[0]);
-  launch_prefill_activation(p, ws, stream);
-  gemm(ws.down, p.hidden, ws.gemm_workspace[1]);
+  if (fp8) {
+    launch_prefill_permute_fp8(p, ws, stream);
+    gemm_fp8(ws.gate_up8, 2 * p.inter, ws.gemm_workspace[0]);
+    launch_prefill_activation_fp8(p, ws, stream);
+    gemm_fp8(ws.down8, p.hidden, ws.gemm_workspace[1]);
+  } else {
+    launch_prefill_permute(p, ws, stream);
+    gemm(ws.gate_up, 2 * p.inter, ws.gemm_workspace[0]);
+    launch_prefill_activation(p, ws, stream);
+    gemm(ws.down, p.hidden, ws.gemm_workspace[1]);
+  }
   launch_prefill_combine(p, ws, stream);
 }
 

@@ -18,6 +18,15 @@
 // fused epilogue needs the gate and up columns of an h column in one tile: w13's gate rows then up
 // rows put them I columns apart).
 //
+// fp8 block-scale experts (w13_fp8 set: e4m3 weights, one fp32 scale per 128 x 128 tile) run
+// W8A8 as the CPU reference does (reference_fp8.cpp, docs/decisions/fp8_experts.md):
+//   2. permute  xq[pos(q)] = e4m3(x[q / slots] / s) per 128 channels, s = max(amax, 1e-4) / 448
+//               (ue8m0: rounded up to a power of two), the scales [rows, H/128] beside it
+//   3. gate/up  the fp8 grouped GEMM with 128-block scaling (prefill_gemm_fp8.h), bf16 out
+//   4. act      h in fp32 from the bf16 gate/up, quantised per 128 columns by the same rule
+//   5. down     the fp8 grouped GEMM, bf16 partials; steps 1 and 6 as above.
+// It needs H and I multiples of 128.
+//
 // No host synchronisation: every size the host needs is the token count and the spec's shapes,
 // so a CUDA graph can capture a launch. The result does not depend on the order of the pairs
 // (each pair is its own GEMM row; the combine sums in slot order): bit-for-bit repeatable.
@@ -39,8 +48,8 @@ enum class PrefillGemm { Cutlass, Naive };
 
 struct PrefillParams {
   int tokens = 0;  // T, 1..max_tokens
-  int hidden = 0;  // H, multiple of 64
-  int inter = 0;   // I of one expert (or fused shared slot), multiple of 64
+  int hidden = 0;  // H, multiple of 64 (fp8 weights: of 128)
+  int inter = 0;   // I of one expert (or fused shared slot), multiple of 64 (fp8: of 128)
   int rows = 0;    // weight rows E + S: the GEMMs' group count, ids' range
   int slots = 0;   // per token: top_k (+ fused shared slots)
   int max_tokens = 0;  // what `workspace` was sized for (prefill_workspace_bytes)
@@ -68,15 +77,19 @@ struct PrefillParams {
   int* error_flag = nullptr;   // set to 1 when an id falls outside [0, rows) (its slot dropped)
 
   PrefillGemm gemm = PrefillGemm::Cutlass;
-  int tile_m = 128;  // the CUTLASS instance's tile rows: 128 or 64 (plan::LayerPlan::grouped_tile_m)
+  // the bf16 CUTLASS instance's tile rows: 128 or 64 (plan::LayerPlan::grouped_tile_m); the fp8
+  // GEMM has one instance (128 x 128 tiles) and ignores it
+  int tile_m = 128;
 
-  void* workspace = nullptr;  // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter)
+  void* workspace = nullptr;  // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter, fp8)
   size_t workspace_bytes = 0;
 };
 
 // Device workspace of the path for up to max_tokens tokens (permuted x, gate/up, h, the down
-// partials, the plan and both GEMMs' group arrays and CUTLASS workspaces), on the current device.
-size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter);
+// partials, the plan and both GEMMs' group arrays and CUTLASS workspaces), on the current device;
+// fp8: for fp8 block-scale weights (x and h as e4m3 with their scales, the fp8 GEMM's arrays).
+size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter,
+                               bool fp8 = false);
 
 // Whether the current device runs the path (sm_90a: compute capability 9.0); else `why`.
 bool prefill_supported(const char** why = nullptr);

@@ -10,6 +10,7 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/experts/experts_common.cuh"
 #include "cuda/prefill/prefill_kernels.h"
+#include "cuda/prefill/prefill_vec.cuh"
 #include "moekit/error.h"
 
 namespace moekit::cuda {
@@ -35,6 +36,12 @@ struct PlanArgs {
   int rows, warps, hidden, inter;
   const __nv_bfloat16* w13;
   const __nv_bfloat16* w2;
+  // fp8 block-scale weights: the fp8 group arrays are written instead of the bf16 ones
+  bool fp8;
+  const uint8_t* w13_fp8;
+  const float* w13_scale;
+  const uint8_t* w2_fp8;
+  const float* w2_scale;
   bool row_experts;  // write row_expert (the activation reads it for the expert biases only)
   PrefillWorkspace ws;
   int* error_flag;
@@ -134,6 +141,29 @@ __global__ void __launch_bounds__(kPlanThreads) prefill_plan_kernel(PlanArgs a) 
     const long long off = run;
     run += n;
     offsets[e] = static_cast<int>(off);
+    if (a.fp8) {
+      // scale grids: activations [rows of xq / hq, K/128], weights [N/128, K/128] per expert
+      const int hb = H / kPrefillFp8Block, ib = I / kPrefillFp8Block;
+      ws.gate_up8.problems[e] = {n, 2 * I, H};
+      ws.gate_up8.a[e] = ws.xq + off * H;
+      ws.gate_up8.scale_a[e] = ws.xq_scale + off * hb;
+      ws.gate_up8.b[e] = a.w13_fp8 + static_cast<long long>(e) * 2 * I * H;
+      ws.gate_up8.scale_b[e] = a.w13_scale + static_cast<long long>(e) * 2 * ib * hb;
+      ws.gate_up8.d[e] = ws.gu + off * 2 * I;
+      ws.gate_up8.stride_a[e] = H;
+      ws.gate_up8.stride_b[e] = H;
+      ws.gate_up8.stride_d[e] = 2 * I;
+      ws.down8.problems[e] = {n, H, I};
+      ws.down8.a[e] = ws.hq + off * I;
+      ws.down8.scale_a[e] = ws.hq_scale + off * ib;
+      ws.down8.b[e] = a.w2_fp8 + static_cast<long long>(e) * H * I;
+      ws.down8.scale_b[e] = a.w2_scale + static_cast<long long>(e) * hb * ib;
+      ws.down8.d[e] = ws.partial + off * H;
+      ws.down8.stride_a[e] = I;
+      ws.down8.stride_b[e] = I;
+      ws.down8.stride_d[e] = H;
+      continue;
+    }
     ws.gate_up.problems[e] = {n, 2 * I, H};
     ws.gate_up.a[e] = ws.xs + off * H;
     ws.gate_up.b[e] = a.w13 + static_cast<long long>(e) * 2 * I * H;
@@ -198,42 +228,12 @@ __global__ void prefill_permute_kernel(const uint4* __restrict__ x,
   }
 }
 
-// 8 consecutive bf16 (16 bytes, 16-byte aligned) as floats, and back
-__device__ __forceinline__ void load_bf16x8(const __nv_bfloat16* p, float (&v)[8]) {
-  const uint4 bits = *reinterpret_cast<const uint4*>(p);
-  const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void store_bf16x8(__nv_bfloat16* p, const float (&v)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    w[i] = *reinterpret_cast<const uint32_t*>(&b);
-  }
-  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-// 8 consecutive floats (32 bytes, 16-byte aligned) added into v, times `scale`
-__device__ __forceinline__ void add_f32x8(const float* p, float scale, float (&v)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  v[0] += scale * a.x;
-  v[1] += scale * a.y;
-  v[2] += scale * a.z;
-  v[3] += scale * a.w;
-  v[4] += scale * b.x;
-  v[5] += scale * b.y;
-  v[6] += scale * b.z;
-  v[7] += scale * b.w;
-}
-
 // The gated nonlinearity: the decode kernels' own (experts_common.cuh, DESIGN.md §1).
 using experts_detail::activate;
+using prefill_detail::add_f32x8;
+using prefill_detail::load_bf16x8;
+using prefill_detail::store_bf16x8;
+using prefill_detail::stride_grid;
 
 struct ActArgs {
   const __nv_bfloat16* gu;
@@ -311,18 +311,10 @@ __global__ void prefill_combine_kernel(CombineArgs a) {
   }
 }
 
-// A grid-stride launch's grid for n threads' work: one thread per item up to a cap of 16 CTAs per
-// SM of an H200 (132 SMs), past which the threads loop.
-constexpr long long kStrideGridCap = 132LL * 16;
-int stride_grid(long long n, int threads) {
-  const long long need = (n + threads - 1) / threads;
-  return static_cast<int>(std::max<long long>(1, std::min<long long>(need, kStrideGridCap)));
-}
-
 }  // namespace
 
 PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, int hidden,
-                               int inter) {
+                               int inter, bool fp8) {
   PrefillWorkspace ws;
   const size_t P = static_cast<size_t>(max_tokens) * slots;
   const size_t R = static_cast<size_t>(rows);
@@ -336,20 +328,39 @@ PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, 
   ws.pos_of_pair = static_cast<int*>(take(P * 4));
   ws.row_expert = static_cast<int*>(take(P * 4));
   ws.total_rows = static_cast<int*>(take(4));
-  ws.xs = static_cast<__nv_bfloat16*>(take(P * hidden * 2));
   ws.gu = static_cast<__nv_bfloat16*>(take(P * 2 * inter * 2));
-  ws.h = static_cast<__nv_bfloat16*>(take(P * inter * 2));
   ws.partial = static_cast<__nv_bfloat16*>(take(P * hidden * 2));
-  for (PrefillGroupArrays* g : {&ws.gate_up, &ws.down}) {
-    g->problems = static_cast<PrefillProblem*>(take(R * sizeof(PrefillProblem)));
-    g->a = static_cast<const __nv_bfloat16**>(take(R * 8));
-    g->b = static_cast<const __nv_bfloat16**>(take(R * 8));
-    g->d = static_cast<__nv_bfloat16**>(take(R * 8));
-    g->stride_a = static_cast<int64_t*>(take(R * 8));
-    g->stride_b = static_cast<int64_t*>(take(R * 8));
-    g->stride_d = static_cast<int64_t*>(take(R * 8));
+  if (fp8) {
+    ws.xq = static_cast<uint8_t*>(take(P * hidden));
+    ws.xq_scale = static_cast<float*>(take(P * (hidden / kPrefillFp8Block) * 4));
+    ws.hq = static_cast<uint8_t*>(take(P * inter));
+    ws.hq_scale = static_cast<float*>(take(P * (inter / kPrefillFp8Block) * 4));
+    for (PrefillFp8GroupArrays* g : {&ws.gate_up8, &ws.down8}) {
+      g->problems = static_cast<PrefillProblem*>(take(R * sizeof(PrefillProblem)));
+      g->a = static_cast<const uint8_t**>(take(R * 8));
+      g->b = static_cast<const uint8_t**>(take(R * 8));
+      g->scale_a = static_cast<const float**>(take(R * 8));
+      g->scale_b = static_cast<const float**>(take(R * 8));
+      g->d = static_cast<__nv_bfloat16**>(take(R * 8));
+      g->stride_a = static_cast<int64_t*>(take(R * 8));
+      g->stride_b = static_cast<int64_t*>(take(R * 8));
+      g->stride_d = static_cast<int64_t*>(take(R * 8));
+    }
+  } else {
+    ws.xs = static_cast<__nv_bfloat16*>(take(P * hidden * 2));
+    ws.h = static_cast<__nv_bfloat16*>(take(P * inter * 2));
+    for (PrefillGroupArrays* g : {&ws.gate_up, &ws.down}) {
+      g->problems = static_cast<PrefillProblem*>(take(R * sizeof(PrefillProblem)));
+      g->a = static_cast<const __nv_bfloat16**>(take(R * 8));
+      g->b = static_cast<const __nv_bfloat16**>(take(R * 8));
+      g->d = static_cast<__nv_bfloat16**>(take(R * 8));
+      g->stride_a = static_cast<int64_t*>(take(R * 8));
+      g->stride_b = static_cast<int64_t*>(take(R * 8));
+      g->stride_d = static_cast<int64_t*>(take(R * 8));
+    }
   }
-  ws.gemm_workspace_bytes = prefill_gemm_workspace_bytes(rows);
+  ws.gemm_workspace_bytes =
+      fp8 ? prefill_gemm_fp8_workspace_bytes(rows) : prefill_gemm_workspace_bytes(rows);
   ws.gemm_workspace[0] = take(ws.gemm_workspace_bytes);
   ws.gemm_workspace[1] = take(ws.gemm_workspace_bytes);
   ws.total_bytes = at;
@@ -368,6 +379,11 @@ void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cud
   a.inter = p.inter;
   a.w13 = p.w13;
   a.w2 = p.w2;
+  a.fp8 = p.w13_fp8 != nullptr;
+  a.w13_fp8 = p.w13_fp8;
+  a.w13_scale = p.w13_scale;
+  a.w2_fp8 = p.w2_fp8;
+  a.w2_scale = p.w2_scale;
   // (one SM issues every store of this kernel: a scattered store per pair is its largest cost)
   a.row_experts = p.b13 != nullptr;
   a.ws = ws;

@@ -10,10 +10,13 @@
 
 #include "cuda/prefill/prefill.h"
 #include "cuda/prefill/prefill_gemm.h"
+#include "cuda/prefill/prefill_gemm_fp8.h"
 
 namespace moekit::cuda {
 
 // The path's device buffers, carved from one workspace (prefill_carve). P = max_tokens x slots.
+// The bf16 path uses xs, h and the bf16 group arrays; the fp8 path (fp8 block-scale weights)
+// uses xq / xq_scale, hq / hq_scale and the fp8 group arrays instead (the others are null).
 struct PrefillWorkspace {
   int* pos_of_pair = nullptr;   // [P]: the permuted row of pair q, or -1 (id out of range)
   int* row_expert = nullptr;    // [P]: the expert of permuted row r (written with expert biases)
@@ -21,22 +24,35 @@ struct PrefillWorkspace {
   __nv_bfloat16* xs = nullptr;  // [P, H] permuted x
   __nv_bfloat16* gu = nullptr;  // [P, 2I] gate/up GEMM output
   __nv_bfloat16* h = nullptr;   // [P, I] activation
-  __nv_bfloat16* partial = nullptr;  // [P, H] down GEMM output (unweighted, no bias)
-  PrefillGroupArrays gate_up, down;  // [rows] each
+  __nv_bfloat16* partial = nullptr;       // [P, H] down GEMM output (unweighted, no bias)
+  PrefillGroupArrays gate_up, down;       // [rows] each
+  uint8_t* xq = nullptr;                  // [P, H] e4m3: permuted x, quantised per 128 channels
+  float* xq_scale = nullptr;              // [P, H/128]
+  uint8_t* hq = nullptr;                  // [P, I] e4m3: the activation, quantised per 128 channels
+  float* hq_scale = nullptr;              // [P, I/128]
+  PrefillFp8GroupArrays gate_up8, down8;  // [rows] each
   void* gemm_workspace[2] = {nullptr, nullptr};
   size_t gemm_workspace_bytes = 0;
   size_t total_bytes = 0;  // the whole carve
 };
 
-// Lays the workspace out from `base` (null: sizes only, total_bytes set).
+// Lays the workspace out from `base` (null: sizes only, total_bytes set); fp8: the fp8 path's.
 PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, int hidden,
-                               int inter);
+                               int inter, bool fp8);
 
 // Step 1, one CTA: counts, offsets, the stable permutation and both GEMMs' group arrays.
 void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cudaStream_t stream);
 // Step 2: xs[pos_of_pair[q]] = x[q / slots] for every pair q (in pair order).
 void launch_prefill_permute(const PrefillParams& p, const PrefillWorkspace& ws,
                             cudaStream_t stream);
+// Step 2 of the fp8 path (prefill_kernels_fp8.cu): xq[pos_of_pair[q]] = e4m3(x[q / slots] / s)
+// per 128 channels, xq_scale[pos][b] = s, the rule of cpu_reference::quantize_activation_fp8.
+void launch_prefill_permute_fp8(const PrefillParams& p, const PrefillWorkspace& ws,
+                                cudaStream_t stream);
+// Step 4 of the fp8 path: the activation of launch_prefill_activation, in fp32, quantised per
+// 128 columns into hq / hq_scale by the same rule.
+void launch_prefill_activation_fp8(const PrefillParams& p, const PrefillWorkspace& ws,
+                                   cudaStream_t stream);
 // Step 4: h[r] = act(gu[r] gate half + b13, up half + b13) for r < total_rows.
 void launch_prefill_activation(const PrefillParams& p, const PrefillWorkspace& ws,
                                cudaStream_t stream);

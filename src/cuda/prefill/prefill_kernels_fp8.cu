@@ -1,0 +1,179 @@
+// The fp8 path's quantising kernels (prefill_kernels.h): the permute that writes x as e4m3 with
+// per-(row, 128 channels) scales, and the activation that writes h the same way, both by the
+// rule of cpu_reference::quantize_activation_fp8 (reference_fp8.cpp), bit for bit:
+//
+//   s = max(amax, 1e-4) / 448 in fp32 (ue8m0: s = 2^ceil(log2 s), exact on the bits),
+//   q = e4m3(v / s), v / s a true (IEEE round-to-nearest) division, the conversion
+//       cvt.rn.satfinite.e4m3x2.f32 (round to nearest even, |v / s| > 448 saturates to 448).
+//
+// Grid mapping: 16 lanes (a half-warp) per 128-value group, 8 values a lane (one 16-byte bf16
+// load); the group's amax is a 4-step xor shuffle inside the half-warp. Grid-stride loops advance
+// by a multiple of 16 threads, so the 16 lanes of a group stay together to the end.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/experts/experts_common.cuh"
+#include "cuda/prefill/prefill_kernels.h"
+#include "cuda/prefill/prefill_vec.cuh"
+#include "moekit/error.h"
+
+namespace moekit::cuda {
+namespace {
+
+using experts_detail::activate;
+using prefill_detail::add_f32x8;
+using prefill_detail::load_bf16x8;
+using prefill_detail::stride_grid;
+
+constexpr int kLanesPerGroup = kPrefillFp8Block / 8;  // 16
+constexpr int kThreads = 256;
+static_assert(kThreads % 32 == 0 && kLanesPerGroup == 16, "a group is one half of a warp");
+
+// The 8 values of this lane in a 128-value group held by its half-warp -> 8 e4m3 codes (in
+// value order, packed little-endian) and the group's scale (returned, on every lane).
+__device__ __forceinline__ float quantize_group_fp8(const float (&v)[8], bool ue8m0, uint2* q) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(v[k]));
+  const unsigned half = 0xffffu << (threadIdx.x & 16);
+#pragma unroll
+  for (int off = 8; off >= 1; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(half, amax, off));
+  // why: the floor gives an all-zero group a finite scale and zero codes (DeepSeek's act_quant)
+  float s = __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f);
+  if (ue8m0) {
+    // s > 0 and normal: a power of two stays, else the next one up (exponent + 1, mantissa 0)
+    uint32_t bits = __float_as_uint(s);
+    if ((bits & 0x7fffffu) != 0) bits = (bits & 0xff800000u) + 0x00800000u;
+    s = __uint_as_float(bits);
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 pair = make_float2(__fdiv_rn(v[2 * i], s), __fdiv_rn(v[2 * i + 1], s));
+    // (the first value in the low byte)
+    w[i] = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+  }
+  *q = make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+  return s;
+}
+
+struct PermuteFp8Args {
+  const __nv_bfloat16* x;  // [T, H]
+  const int* pos_of_pair;  // [pairs]
+  uint8_t* xq;             // [P, H]
+  float* xq_scale;         // [P, H/128]
+  long long pairs;
+  int hidden, slots;
+  bool ue8m0;
+};
+
+// group (q, b): x[q / slots][128 b, 128 b + 128) -> xq[pos(q)], xq_scale[pos(q)][b]
+__global__ void prefill_permute_fp8_kernel(PermuteFp8Args a) {
+  const int blocks = a.hidden / kPrefillFp8Block;
+  const long long n = a.pairs * blocks * kLanesPerGroup;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long item = i / kLanesPerGroup;
+    const int part = static_cast<int>(i % kLanesPerGroup);
+    const long long q = item / blocks;
+    const int b = static_cast<int>(item - q * blocks);
+    const int pos = a.pos_of_pair[q];
+    if (pos < 0) continue;  // (the half-warp's lanes share q: they skip together)
+    const int c = b * kPrefillFp8Block + part * 8;
+    float v[8];
+    load_bf16x8(a.x + (q / a.slots) * a.hidden + c, v);
+    uint2 codes;
+    const float s = quantize_group_fp8(v, a.ue8m0, &codes);
+    *reinterpret_cast<uint2*>(a.xq + static_cast<long long>(pos) * a.hidden + c) = codes;
+    if (part == 0) a.xq_scale[static_cast<long long>(pos) * blocks + b] = s;
+  }
+}
+
+struct ActFp8Args {
+  const __nv_bfloat16* gu;  // [P, 2I]
+  const float* b13;         // [rows, 2I] or null
+  const int* row_expert;
+  const int* total_rows;
+  uint8_t* hq;      // [P, I]
+  float* hq_scale;  // [P, I/128]
+  long long max_rows;
+  int inter;
+  Activation act;
+  float limit, alpha, beta;
+  bool ue8m0;
+};
+
+// group (r, b): act(gate, up) of columns [128 b, 128 b + 128) of row r in fp32, quantised
+__global__ void prefill_activation_fp8_kernel(ActFp8Args a) {
+  const long long rows = min(static_cast<long long>(*a.total_rows), a.max_rows);
+  const int blocks = a.inter / kPrefillFp8Block;
+  const long long n = rows * blocks * kLanesPerGroup;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long item = i / kLanesPerGroup;
+    const int part = static_cast<int>(i % kLanesPerGroup);
+    const long long r = item / blocks;
+    const int b = static_cast<int>(item - r * blocks);
+    const int j = b * kPrefillFp8Block + part * 8;
+    const __nv_bfloat16* row = a.gu + r * 2 * a.inter;
+    float g[8], u[8], h[8];
+    load_bf16x8(row + j, g);
+    load_bf16x8(row + a.inter + j, u);
+    if (a.b13 != nullptr) {
+      const float* bias = a.b13 + static_cast<long long>(a.row_expert[r]) * 2 * a.inter;
+      add_f32x8(bias + j, 1.0f, g);
+      add_f32x8(bias + a.inter + j, 1.0f, u);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) h[k] = activate(a.act, g[k], u[k], a.limit, a.alpha, a.beta);
+    uint2 codes;
+    const float s = quantize_group_fp8(h, a.ue8m0, &codes);
+    *reinterpret_cast<uint2*>(a.hq + r * a.inter + j) = codes;
+    if (part == 0) a.hq_scale[r * blocks + b] = s;
+  }
+}
+
+}  // namespace
+
+void launch_prefill_permute_fp8(const PrefillParams& p, const PrefillWorkspace& ws,
+                                cudaStream_t stream) {
+  PermuteFp8Args a;
+  a.x = p.x;
+  a.pos_of_pair = ws.pos_of_pair;
+  a.xq = ws.xq;
+  a.xq_scale = ws.xq_scale;
+  a.pairs = static_cast<long long>(p.tokens) * p.slots;
+  a.hidden = p.hidden;
+  a.slots = p.slots;
+  a.ue8m0 = p.ue8m0;
+  const long long n = a.pairs * (p.hidden / kPrefillFp8Block) * kLanesPerGroup;
+  prefill_permute_fp8_kernel<<<stride_grid(n, kThreads), kThreads, 0, stream>>>(a);
+  MK_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_prefill_activation_fp8(const PrefillParams& p, const PrefillWorkspace& ws,
+                                   cudaStream_t stream) {
+  ActFp8Args a;
+  a.gu = ws.gu;
+  a.b13 = p.b13;
+  a.row_expert = ws.row_expert;
+  a.total_rows = ws.total_rows;
+  a.hq = ws.hq;
+  a.hq_scale = ws.hq_scale;
+  a.max_rows = static_cast<long long>(p.tokens) * p.slots;
+  a.inter = p.inter;
+  a.act = p.activation;
+  a.limit = p.limit;
+  a.alpha = p.alpha;
+  a.beta = p.beta;
+  a.ue8m0 = p.ue8m0;
+  const long long n = a.max_rows * (p.inter / kPrefillFp8Block) * kLanesPerGroup;
+  prefill_activation_fp8_kernel<<<stride_grid(n, kThreads), kThreads, 0, stream>>>(a);
+  MK_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moekit::cuda
