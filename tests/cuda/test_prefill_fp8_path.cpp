@@ -7,9 +7,9 @@
 // so the experts and the combine are what is compared. y and the workspace are poisoned first.
 //
 // Tolerances (relative error by norm of y):
-//   against the reference, 3e-2. The reference keeps gate/up and h in double before quantising h
-//   to e4m3; the path rounds gate/up to bf16 (2^-9 relative) and computes h in fp32 from them, and
-//   that moves some h values across an e4m3 rounding boundary (a step of 2^-4..2^-3 relative):
+//   against the reference, 3e-2. The reference keeps gate/up in double and rounds h to bf16
+//   before quantising it to e4m3; the path rounds gate/up to bf16 (2^-9 relative) and computes h
+//   from them, and that moves some h values across a bf16 and then an e4m3 rounding boundary (a step of 2^-4..2^-3 relative):
 //   a small fraction of h's elements, each off by one e4m3 step, which the down projection
 //   carries into y. HostEmulationAgainstReference (no GPU needed) measures exactly this part: the
 //   path's rounding points emulated on the host against the reference.
@@ -185,7 +185,8 @@ struct Fp8Case {
 float silu_mul(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
 
 // The path's arithmetic on the host, rounding where the device rounds: gate/up to bf16 (from the
-// W8A8 dot in double, where the GEMM sums in fp32), h = SiLU(g) * u in fp32 from them, quantised
+// W8A8 dot in double, where the GEMM sums in fp32), h = SiLU(g) * u in fp32 from them and rounded
+// to bf16, quantised
 // by the reference's rule, the down projection to bf16, the combine in fp32 in slot order, y in
 // bf16. It differs from the device only where a sum's fp32 rounding moves a bf16 or an e4m3
 // rounding, so it bounds the device tightly; against the reference it shows what the rounding
@@ -233,7 +234,7 @@ std::vector<double> emulated_y(const Fp8Case& c, Sums sums, bool ue8m0 = false) 
       for (int j = 0; j < 2 * I; ++j) {
         gu[j] = bf16_to_float(float_to_bf16(dot(w13, j, xq.data(), xs.data(), H)));
       }
-      for (int i = 0; i < I; ++i) h[i] = silu_mul(gu[i], gu[I + i]);
+      for (int i = 0; i < I; ++i) h[i] = bf16_to_float(float_to_bf16(silu_mul(gu[i], gu[I + i])));
       cpu_reference::quantize_activation_fp8(h.data(), I, ue8m0, hq.data(), hs.data());
       const float weight = c.ref.routing.weights[q];
       for (int r = 0; r < H; ++r) {

@@ -118,7 +118,7 @@ size_t GpuMoeLayer::Impl::prefill_bytes_needed() const {
   if (!grouped_at_max()) return 0;
   const char* why = "";
   MK_CHECK(prefill_supported(&why), "the plan takes the prefill path: " << why);
-  return prefill_workspace_bytes(opt.max_tokens, K + S, E + S, H, I);
+  return prefill_workspace_bytes(opt.max_tokens, K + S, E + S, H, I, fp8);
 }
 
 void GpuMoeLayer::Impl::prepare_kernels() {

@@ -23,7 +23,7 @@
 //   2. permute  xq[pos(q)] = e4m3(x[q / slots] / s) per 128 channels, s = max(amax, 1e-4) / 448
 //               (ue8m0: rounded up to a power of two), the scales [rows, H/128] beside it
 //   3. gate/up  the fp8 grouped GEMM with 128-block scaling (prefill_gemm_fp8.h), bf16 out
-//   4. act      h in fp32 from the bf16 gate/up, quantised per 128 columns by the same rule
+//   4. act      h from the bf16 gate/up, rounded to bf16, quantised per 128 columns by the same rule
 //   5. down     the fp8 grouped GEMM, bf16 partials; steps 1 and 6 as above.
 // It needs H and I multiples of 128.
 //

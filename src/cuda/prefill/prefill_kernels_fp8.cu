@@ -3,8 +3,10 @@
 // rule of cpu_reference::quantize_activation_fp8 (reference_fp8.cpp), bit for bit:
 //
 //   s = max(amax, 1e-4) / 448 in fp32 (ue8m0: s = 2^ceil(log2 s), exact on the bits),
-//   q = e4m3(v / s), v / s a true (IEEE round-to-nearest) division, the conversion
-//       cvt.rn.satfinite.e4m3x2.f32 (round to nearest even, |v / s| > 448 saturates to 448).
+//   q = e4m3(v / s), v / s with the codes of a true (IEEE round-to-nearest) division
+//       (fp8_quotient), the conversion cvt.rn.satfinite.e4m3x2.f32 (round to nearest even,
+//       |v / s| > 448 saturates to 448).
+// h is quantised from its bf16 value, as the reference and the models' bf16 activation give it.
 //
 // Grid mapping: 16 lanes (a half-warp) per 128-value group, 8 values a lane (one 16-byte bf16
 // load); the group's amax is a 4-step xor shuffle inside the half-warp. Grid-stride loops advance
@@ -15,6 +17,7 @@
 
 #include <cstdint>
 
+#include "common/fp8_quotient.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/experts/experts_common.cuh"
 #include "cuda/prefill/prefill_kernels.h"
@@ -50,10 +53,11 @@ __device__ __forceinline__ float quantize_group_fp8(const float (&v)[8], bool ue
     if ((bits & 0x7fffffu) != 0) bits = (bits & 0xff800000u) + 0x00800000u;
     s = __uint_as_float(bits);
   }
+  const float r = __frcp_rn(s);
   uint32_t w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 pair = make_float2(__fdiv_rn(v[2 * i], s), __fdiv_rn(v[2 * i + 1], s));
+    const float2 pair = make_float2(fp8_quotient(v[2 * i], s, r), fp8_quotient(v[2 * i + 1], s, r));
     // (the first value in the low byte)
     w[i] = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
   }
@@ -107,7 +111,8 @@ struct ActFp8Args {
   bool ue8m0;
 };
 
-// group (r, b): act(gate, up) of columns [128 b, 128 b + 128) of row r in fp32, quantised
+// group (r, b): act(gate, up) of columns [128 b, 128 b + 128) of row r in fp32, rounded to
+// bf16, quantised
 __global__ void prefill_activation_fp8_kernel(ActFp8Args a) {
   const long long rows = min(static_cast<long long>(*a.total_rows), a.max_rows);
   const int blocks = a.inter / kPrefillFp8Block;
@@ -129,7 +134,10 @@ __global__ void prefill_activation_fp8_kernel(ActFp8Args a) {
       add_f32x8(bias + a.inter + j, 1.0f, u);
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) h[k] = activate(a.act, g[k], u[k], a.limit, a.alpha, a.beta);
+    for (int k = 0; k < 8; ++k) {
+      h[k] = __bfloat162float(
+          __float2bfloat16_rn(activate(a.act, g[k], u[k], a.limit, a.alpha, a.beta)));
+    }
     uint2 codes;
     const float s = quantize_group_fp8(h, a.ue8m0, &codes);
     *reinterpret_cast<uint2*>(a.hq + r * a.inter + j) = codes;
