@@ -167,7 +167,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
                      const PlanOverrides& overrides, const DeviceInfo& device,
                      DType experts = DType::BF16);
 
-// Kernel launches of the plan that moekit makes itself (router, routing, experts); the dense
+// Kernel launches of the plan that moekit makes itself (router, routing, experts, fp8's two
+// activation quantisers on the bulk kernels); the dense
 // shared MLP's cuBLAS GEMMs come on top (one or two kernels each, cuBLAS' choice).
 int own_launches(const LayerPlan& p);
 

@@ -150,7 +150,9 @@ size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts
   // the decode kernels' h (bf16) and partials (fp32), or the prefill path's workspace, in one
   // region (layer_workspace.cu): permutation ints, permuted x, gate/up, h and down partials in
   // bf16, both GEMMs' group arrays and CUTLASS workspaces (a few MB at most)
-  const size_t decode = mul(pairs, I * 2 + H * 4);
+  // (fp8: x and h in e4m3 with their scales beside them)
+  const size_t decode = add(mul(pairs, I * 2 + H * 4 + (fp8 ? I + I / 32 : 0)),
+                            fp8 ? mul(T, H + H / 32) : 0);
   const size_t prefill = add(mul(pairs, 8 + H * 2 + 2 * I * 2 + I * 2 + H * 2),
                              add(mul(rows, 2 * 60), size_t{4} << 20));
   ws = add(ws, std::max(decode, prefill));

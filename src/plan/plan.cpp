@@ -288,7 +288,9 @@ int own_launches(const LayerPlan& p) {
   constexpr int kGroupedPathLaunches = 6;  // plan, permute, 2 GEMMs, activation, combine
   const int experts =
       p.stream == Stream::Grouped ? kGroupedPathLaunches : static_cast<int>(p.experts.size());
-  return 1 + (p.routing_kernel ? 1 : 0) + experts;
+  // (fp8 on the bulk kernels: x and h quantised to e4m3 by a kernel each)
+  const int quantisers = p.fp8 && p.stream == Stream::Bulk ? 2 : 0;
+  return 1 + (p.routing_kernel ? 1 : 0) + experts + quantisers;
 }
 
 }  // namespace moekit::plan

@@ -171,6 +171,9 @@ std::string describe(const LayerPlan& p) {
      << ", chunk " << p.chunk << ", " << stream_name(p.stream) << (p.fp8 ? ", fp8 w8a8" : "")
      << (p.pdl ? "" : ", no PDL") << '\n';
   if (p.dense_shared) os << "  shared   dense cuBLAS GEMMs (gate/up, activation, down)\n";
+  if (p.fp8 && p.stream == Stream::Bulk) {
+    os << "  quant    x (before the router) and h (before down) to e4m3 per 128 channels\n";
+  }
   os << "  router   " << tuning::describe(p.router.config) << " ("
      << tuning::source_name(p.router.source) << ")\n";
   os << "  routing  "

@@ -145,6 +145,10 @@ double rel_error(const std::vector<uint16_t>& y_bits, const std::vector<double>&
 // device but the fp32 order of sums.
 constexpr double kTolReference = 3e-2;
 constexpr double kTolEmulation = 5e-3;
+// The CUTLASS GEMMs against the emulation and the naive GEMM: Hopper's fp8 tensor cores sum a
+// 128-wide k block's products with fewer bits than fp32 (why blockwise kernels promote to fp32
+// every block), which moves y by about 5e-3 at these shapes, twice the naive GEMM's fp32 sums.
+constexpr double kTolCutlass = 1e-2;
 
 // One case: the fp8 checkpoint written and loaded, fresh x, the reference's forward (fused).
 struct Fp8Case {
@@ -337,7 +341,8 @@ void check_whole_path(int tokens) {
     EXPECT_EQ(non_finite, 0u) << what;
     const double err_emu = rel_error(*got, emulated, &non_finite);
     EXPECT_LE(err_ref, kTolReference) << what << " against the reference";
-    EXPECT_LE(err_emu, kTolEmulation) << what << " against the host emulation";
+    EXPECT_LE(err_emu, got == &cutlass_y ? kTolCutlass : kTolEmulation)
+        << what << " against the host emulation";
     std::printf(
         "  fp8 prefill %s: relative error %.2e against the W8A8 reference, %.2e against "
         "the host emulation\n",
@@ -346,7 +351,7 @@ void check_whole_path(int tokens) {
   std::vector<double> naive(naive_y.size());
   for (size_t i = 0; i < naive.size(); ++i) naive[i] = bf16_to_float(Bf16{naive_y[i]});
   size_t non_finite = 0;
-  EXPECT_LE(rel_error(cutlass_y, naive, &non_finite), kTolEmulation) << "CUTLASS against naive";
+  EXPECT_LE(rel_error(cutlass_y, naive, &non_finite), kTolCutlass) << "CUTLASS against naive";
   EXPECT_TRUE(run(cuda::PrefillGemm::Cutlass) == cutlass_y) << "y differs between two runs";
 
   // ue8m0 activation scales (DeepSeek-V3.1+ / V4's scale_fmt) through the whole path, against
@@ -356,7 +361,7 @@ void check_whole_path(int tokens) {
   size_t ue8m0_non_finite = 0;
   const double ue8m0_err = rel_error(ue8m0_y, emulated_y(c, Sums::Double, true), &ue8m0_non_finite);
   EXPECT_EQ(ue8m0_non_finite, 0u) << "ue8m0";
-  EXPECT_LE(ue8m0_err, kTolEmulation) << "ue8m0 T=" << tokens << " against the host emulation";
+  EXPECT_LE(ue8m0_err, kTolCutlass) << "ue8m0 T=" << tokens << " against the host emulation";
   std::printf("  fp8 prefill CUTLASS T=%d ue8m0: relative error %.2e against the host emulation\n",
               tokens, ue8m0_err);
   p.ue8m0 = spec.quant.scale_ue8m0;

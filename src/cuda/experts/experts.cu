@@ -74,10 +74,12 @@ void launch_expert_kernel(int kernel, const ExpertsParams& p, int grid, bool pdl
     MK_CHECK(!k.down_tail || p.tile_counters != nullptr,
              "launch_expert_kernel: " << k.name << " needs the combine's counters");
     MK_CHECK(k.fp8 ? p.w8 != nullptr && p.w_scale != nullptr && p.w == nullptr &&
-                         p.k % 128 == 0 && p.inter % 128 == 0
+                         p.x8 != nullptr && p.x_scale != nullptr && p.k % 128 == 0 &&
+                         p.inter % 128 == 0
                    : p.w8 == nullptr && p.w != nullptr,
-             "launch_expert_kernel: " << k.name << (k.fp8 ? " reads fp8 weights and scales (w8, "
-                                                              "w_scale; k and inter multiples of 128)"
+             "launch_expert_kernel: " << k.name << (k.fp8 ? " reads fp8 weights, activations and "
+                                                              "scales (w8, w_scale, x8, x_scale; k "
+                                                              "and inter multiples of 128)"
                                                         : " reads bf16 weights (w)")
                                       << ", got w " << p.w << ", w8 " << static_cast<const void*>(p.w8)
                                       << ", k " << p.k << ", inter " << p.inter);

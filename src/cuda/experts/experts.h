@@ -22,7 +22,6 @@ struct ExpertsParams {
   const uint8_t* w8 = nullptr;
   const float* w_scale = nullptr;
   long long scale_expert_stride = 0;  // floats of w_scale per expert
-  int ue8m0 = 0;  // 1: the activations' scales rounded up to powers of two (scale_fmt ue8m0)
   const float* bias = nullptr;  // gate/up: [2*inter] per expert; down: [rows]; or null
   long long bias_expert_stride = 0;
   int inter = 0;  // gate/up: intermediate width I of one expert (or of the unfused shared MLP)
@@ -31,6 +30,10 @@ struct ExpertsParams {
   // activations: row of pair q is x + (q / x_row_div) * k
   const __nv_bfloat16* x = nullptr;
   int x_row_div = 1;
+  // the fp8 instances' activations instead of x (quantize_rows_fp8.h): row of pair q is
+  // x8 + (q / x_row_div) * k, e4m3, its scales x_scale + (q / x_row_div) * (k / 128)
+  const uint8_t* x8 = nullptr;
+  const float* x_scale = nullptr;
   // dispatch
   const int* pair_list = nullptr;
   const ExpertTask* tasks = nullptr;

@@ -6,6 +6,7 @@
 //   2a/2b. the unfused shared MLP through the expert kernels, one dense "expert" of width Is
 //   3. gate/up            h[pair, I] = act(x W1^T, x W3^T) bf16, every touched expert once
 //   4. down + combine     y[T, H] = sum_slots w * (h W2^T + b2), deterministic, bf16
+// fp8 experts on the bulk kernels (W8A8): x is quantised to e4m3 before launch 1, h before 4.
 // Fused: the shared MLP is S more experts E..E+S-1 whose slots every token routes to, so it rides
 // in launches 3-4. Unfused: the combine of launch 4 adds shared_scale[t] * its output.
 #include <cuda_bf16.h>
@@ -16,6 +17,7 @@
 
 #include "cuda/experts/experts.h"
 #include "cuda/experts/experts_instances.cuh"
+#include "cuda/experts/quantize_rows_fp8.h"
 #include "cuda/layer/layer_impl.h"
 #include "cuda/prefill/prefill.h"
 #include "cuda/router_gemm/router_gemm.h"
@@ -65,6 +67,11 @@ void GpuMoeLayer::Impl::forward_device(const void* x, void* y, int tokens, FuseS
            "forward_device: x and y must be 16-byte aligned (x " << x << ", y " << y << ")");
   const plan::LayerPlan& pl = plan_for(tokens, fuse);
   launch_dense_shared(pl, x, st);
+  // the fp8 bulk kernels' x in e4m3, first (the router GEMM's wait covers it; layer_impl.h)
+  if (pl.fp8 && pl.stream == plan::Stream::Bulk) {
+    quantize_rows_fp8(static_cast<const __nv_bfloat16*>(x), tokens, H, spec.quant.scale_ue8m0,
+                      ws.x8, ws.x8_scale, pl.pdl, st);
+  }
   launch_router_gemm(pl, x, st);
   const RoutingParams rp = routing_params(pl);
   if (pl.routing_kernel) launch_routing(rp, st, pl.pdl);
@@ -150,7 +157,6 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
     p.limit = spec.swiglu_limit;
     p.alpha = spec.swiglu_alpha;
     p.beta = spec.swiglu_beta;
-    p.ue8m0 = pl.fp8 && spec.quant.scale_ue8m0 ? 1 : 0;
     record_instance(l.kernel, p);
     return p;
   };
@@ -186,6 +192,8 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
         p.w8 = wp.w13_fp8;
         p.w_scale = wp.w13_scale;
         p.scale_expert_stride = static_cast<long long>(scales13());
+        p.x8 = ws.x8;
+        p.x_scale = ws.x8_scale;
       }
       p.bias = spec.has_expert_bias ? wp.b13 : nullptr;
       p.bias_expert_stride = static_cast<long long>(2) * I;
@@ -223,6 +231,8 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
         p.w8 = wp.w2_fp8;
         p.w_scale = wp.w2_scale;
         p.scale_expert_stride = static_cast<long long>(scales2());
+        p.x8 = ws.h8;
+        p.x_scale = ws.h8_scale;
       }
       p.bias = spec.has_expert_bias ? wp.b2 : nullptr;
       p.bias_expert_stride = H;
@@ -246,6 +256,11 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
       p.shared_scale = shared_unfused ? ws.shared_scale : nullptr;
       p.y = static_cast<__nv_bfloat16*>(y);
       p.trace = trace;
+    }
+    if (pl.fp8 && !gate_up) {
+      // the fp8 down kernel's h in e4m3, once, between the two GEMMs
+      quantize_rows_fp8(ws.h, tokens * slots, I, spec.quant.scale_ue8m0, ws.h8, ws.h8_scale,
+                        pl.pdl, st);
     }
     launch_expert_kernel(l.kernel, p, l.grid, pl.pdl, st);
   }

@@ -65,6 +65,11 @@ struct LayerWorkspace {
   int* pair_identity = nullptr;
   __nv_bfloat16* h = nullptr;
   __nv_bfloat16* shared_h = nullptr;
+  // fp8 bulk kernels: x [T, H] and h [pairs, I] in e4m3 with their [., k/128] scales
+  uint8_t* x8 = nullptr;
+  float* x8_scale = nullptr;
+  uint8_t* h8 = nullptr;
+  float* h8_scale = nullptr;
   float* partial = nullptr;
   float* shared_partial = nullptr;
   DispatchCounters* counters = nullptr;

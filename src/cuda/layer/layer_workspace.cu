@@ -56,6 +56,10 @@ size_t GpuMoeLayer::Impl::carve_workspace(void* base, LayerWorkspace* out) const
   const size_t shared_region = (at + 255) / 256 * 256;
   take(w.h, pairs * I);
   take(w.partial, pairs * H);
+  take(w.x8, fp8 ? tm * H : 0);
+  take(w.x8_scale, fp8 ? tm * H / 128 : 0);
+  take(w.h8, fp8 ? pairs * I : 0);
+  take(w.h8_scale, fp8 ? pairs * I / 128 : 0);
   const size_t decode_end = at;
   at = shared_region;
   unsigned char* prefill = nullptr;
