@@ -57,6 +57,13 @@ struct SaveCheckpointOptions {
   // Expert and shared MLP dtype: BF16 (exact), F32 (exact), F16, or F8_E4M3 with 128x128 block
   // scales (amax / 448) in F32 <name>_scale_inv (DeepSeekV4 naming: <base>.scale).
   DType expert_dtype = DType::BF16;
+  // Mxfp4 / Mxfp8 write the experts (and the shared MLP) in that OCP MX form instead, quantised
+  // from the bf16 weights (io/mx_experts.h mx_quantize_row); expert_dtype must then be BF16.
+  // Mxfp4: the gpt-oss naming only, as gpt-oss publishes it (gate_up_proj_blocks [E,2I,H/32,16]
+  // with rows interleaved gate/up, _scales [E,2I,H/32] U8, down_proj_blocks / _scales).
+  // Mxfp8: every other naming, each weight F8_E4M3 [N, K] with "<name>_scale" U8 [N, K/32]
+  // (NVIDIA ModelOpt's weight_scale spelling). Bf16 / Fp8Block: per expert_dtype.
+  ExpertFormat expert_format = ExpertFormat::Bf16;
   // Layer prefix; empty = the family's published one ("model.layers.{L}.", MiniMax-M3
   // "language_model.model.layers.{L}.", DeepSeek-V4 "layers.{L}."). "{L}" is replaced.
   std::string layer_prefix;

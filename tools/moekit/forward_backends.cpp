@@ -20,9 +20,10 @@ std::string resolve_device(const std::string& requested) {
 ForwardResult forward_on(const std::string& device, const std::string& backend,
                          const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
                          Fp8Compute fp8) {
-  const bool fp8_weights = w.expert_dtype() == DType::F8_E4M3;
-  MK_CHECK(!(fp8_weights && device == "cuda"),
-           "fp8-held experts run on the CPU; the GPU layer takes bf16 (--expert-dtype bf16)");
+  const bool fp8_weights = w.expert_format() == ExpertFormat::Fp8Block;
+  MK_CHECK(!(w.expert_format() != ExpertFormat::Bf16 && device == "cuda"),
+           expert_format_name(w.expert_format())
+               << "-held experts run on the CPU; the GPU layer takes bf16 (--expert-dtype bf16)");
   if (device == "cuda") return cuda::forward_once(w, x, tokens, fuse, env_overrides());
   if (backend == "reference") return cpu_reference::forward(w, x, tokens, fuse, fp8);
   MK_CHECK(backend == "fast", "--backend '" << backend << "' is not one of fast, reference");

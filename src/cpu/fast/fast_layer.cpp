@@ -31,7 +31,10 @@
 // dequant_fp8_row) and runs the bf16 kernels on it. Chunks are multiples of the kernels' 4-row
 // tiles and start at the unit's first row, and the fused kernels sum as the bf16 ones do, so y
 // equals the bf16 path's on the dequantised checkpoint bit for bit, while the weights cross the
-// memory bus as fp8 bytes.
+// memory bus as fp8 bytes. MX weights (expert_format() Mxfp4 / Mxfp8, W4A16 / W8A16) take the
+// second way: kFp8ChunkRows rows at a time dequantised (kernels.h dequant_mxfp4_row /
+// dequant_mxfp8_row: table lookups in SIMD) into the per-thread bf16 buffer, then the bf16
+// kernels; y equals the bf16 path's on the same checkpoint loaded as bf16, bit for bit.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -192,6 +195,15 @@ struct Job {
   const float* gate_scale = nullptr;
   const float* up_scale = nullptr;
   const float* down_scale = nullptr;
+  // MX weights instead (ExpertView's mx fields): rows of mx_row_bytes(mx_format, cols) codes,
+  // one e8m0 byte per 32 columns (rows of H/32 bytes for gate/up, down_stride/32 for down).
+  ExpertFormat mx_format = ExpertFormat::Bf16;
+  const uint8_t* gate_mx = nullptr;
+  const uint8_t* up_mx = nullptr;
+  const uint8_t* down_mx = nullptr;
+  const uint8_t* gate_mx_scale = nullptr;
+  const uint8_t* up_mx_scale = nullptr;
+  const uint8_t* down_mx_scale = nullptr;
   int inter = 0;
   int down_stride = 0;
   const float* b_gate = nullptr;
@@ -221,12 +233,38 @@ void dequant_rows(const detail::Kernels& kern, const uint8_t* q, const float* sc
   }
 }
 
+// Rows [r0, r1) of an MX matrix whose rows hold ld columns (the first k used) into
+// out[r1 - r0, k] as bf16.
+void dequant_mx_rows(const detail::Kernels& kern, ExpertFormat f, const uint8_t* q,
+                     const uint8_t* scale, size_t ld, int r0, int r1, int k, Bf16* out) {
+  const auto row_fn = f == ExpertFormat::Mxfp4 ? kern.dequant_mxfp4_row : kern.dequant_mxfp8_row;
+  const size_t row = mx_row_bytes(f, ld), scale_row = ld / kMxGroup;
+  for (int r = r0; r < r1; ++r) {
+    row_fn(q + r * row, scale + r * scale_row, k, out + static_cast<size_t>(r - r0) * k);
+  }
+}
+
+// Points an MX job at gate/up rows w13 [2 inter, H] and down rows w2 [H, down_stride].
+void set_mx(Job& job, ExpertFormat f, size_t H, const uint8_t* w13, const uint8_t* s13,
+            const uint8_t* w2, const uint8_t* s2) {
+  const size_t inter = job.inter;
+  job.mx_format = f;
+  job.gate_mx = w13;
+  job.up_mx = w13 + inter * mx_row_bytes(f, H);
+  job.gate_mx_scale = s13;
+  job.up_mx_scale = s13 + inter * (H / kMxGroup);
+  job.down_mx = w2;
+  job.down_mx_scale = s2;
+}
+
 // Points a routed expert's (or fused slot's) job at its weights, materialising them on first use
 // (thread-safe: LayerWeights builds each expert once).
 void attach_weights(const LayerWeights& w, Job& job) {
   const MoeSpec& spec = w.spec();
   const ExpertView ex = w.expert(job.expert);
   MK_CHECK((ex.w13 != nullptr && ex.w2 != nullptr) ||
+               (ex.w13_mx != nullptr && ex.w2_mx != nullptr && ex.w13_mx_scale != nullptr &&
+                ex.w2_mx_scale != nullptr) ||
                (ex.w13_fp8 != nullptr && ex.w2_fp8 != nullptr && ex.w13_scale != nullptr &&
                 ex.w2_scale != nullptr),
            "expert " << job.expert << " of " << spec.name << " has null weights");
@@ -234,7 +272,9 @@ void attach_weights(const LayerWeights& w, Job& job) {
     MK_CHECK(ex.b13 != nullptr && ex.b2 != nullptr,
              spec.name << " has expert biases but expert " << job.expert << " holds none");
   }
-  if (ex.w13_fp8 != nullptr) {
+  if (ex.w13_mx != nullptr) {
+    set_mx(job, ex.mx_format, spec.hidden, ex.w13_mx, ex.w13_mx_scale, ex.w2_mx, ex.w2_mx_scale);
+  } else if (ex.w13_fp8 != nullptr) {
     const size_t H = spec.hidden, inter = job.inter;
     job.gate8 = ex.w13_fp8;
     job.up8 = ex.w13_fp8 + inter * H;
@@ -356,8 +396,8 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   const Kernels& kern = kernels_for(isa);
   const bool bf16_dot = kern.dot_rows_bf16 != nullptr && opt.use_bf16_dot && cpu_has_avx512_bf16();
   const int threads = resolve_threads(opt.threads);
-  MK_CHECK(w.expert_dtype() == DType::BF16 || w.expert_dtype() == DType::F8_E4M3,
-           "the fast CPU backend runs bf16 or fp8 experts, got " << dtype_name(w.expert_dtype()));
+  const ExpertFormat format = w.expert_format();
+  const bool mx = format == ExpertFormat::Mxfp4 || format == ExpertFormat::Mxfp8;
   const int fused_slots =
       cpu_detail::check_experts_routing(spec, tokens, r, add_shared, held_begin, held_end);
   MK_CHECK(!add_shared || r.shared_scale.empty() ||
@@ -435,7 +475,15 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   if (add_shared) {
     const int Is = spec.shared_intermediate;
     Job& sj = jobs.back();
-    if (w.expert_dtype() == DType::F8_E4M3) {
+    sj.inter = Is;
+    if (mx) {
+      MK_CHECK(Is > 0 && w.shared_w13_mx() && w.shared_w13_mx_scale() && w.shared_w2_mx() &&
+                   w.shared_w2_mx_scale(),
+               expert_format_name(format) << " shared expert weights of " << spec.name
+                                          << " are missing");
+      set_mx(sj, format, H, w.shared_w13_mx(), w.shared_w13_mx_scale(), w.shared_w2_mx(),
+             w.shared_w2_mx_scale());
+    } else if (format == ExpertFormat::Fp8Block) {
       MK_CHECK(Is > 0 && w.shared_w13_fp8() && w.shared_w13_scale() && w.shared_w2_fp8() &&
                    w.shared_w2_scale(),
                "fp8 shared expert weights of " << spec.name << " are missing");
@@ -453,7 +501,6 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
       sj.up = w.shared_w13() + static_cast<size_t>(Is) * H;
       sj.down = w.shared_w2();
     }
-    sj.inter = Is;
     sj.down_stride = Is;
   }
 
@@ -516,6 +563,16 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
                             job.inter);
       kern.dot_rows_fp8_f32(job.up8 + static_cast<size_t>(i0) * H, H, job.up_scale, fp8_tiles(H),
                             i0, i1 - i0, H, &xf_ptr[job.first], job.count, u + i0, job.inter);
+    } else if (job.gate_mx != nullptr) {
+      thread_local std::vector<Bf16> rows_buffer;
+      Bf16* gw = scratch(rows_buffer, 2 * static_cast<size_t>(kFp8ChunkRows) * H);
+      Bf16* uw = gw + static_cast<size_t>(kFp8ChunkRows) * H;
+      for (int a = i0; a < i1; a += kFp8ChunkRows) {
+        const int b = std::min(i1, a + kFp8ChunkRows);
+        dequant_mx_rows(kern, job.mx_format, job.gate_mx, job.gate_mx_scale, H, a, b, H, gw);
+        dequant_mx_rows(kern, job.mx_format, job.up_mx, job.up_mx_scale, H, a, b, H, uw);
+        project(gw, uw, a, b);
+      }
     } else if (job.gate8 != nullptr) {
       thread_local std::vector<Bf16> rows_buffer;
       Bf16* gw = scratch(rows_buffer, 2 * static_cast<size_t>(kFp8ChunkRows) * H);
@@ -558,6 +615,18 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
                             job.down_stride, job.down_scale, fp8_tiles(job.down_stride),
                             unit.begin, unit.end - unit.begin, job.inter, &act_ptr[job.first],
                             job.count, down + job.first * H + unit.begin, H);
+      return;
+    }
+    if (job.down_mx != nullptr) {
+      thread_local std::vector<Bf16> rows_buffer;
+      Bf16* dw = scratch(rows_buffer, static_cast<size_t>(kFp8ChunkRows) * job.inter);
+      for (int a = unit.begin; a < unit.end; a += kFp8ChunkRows) {
+        const int b = std::min(unit.end, a + kFp8ChunkRows);
+        dequant_mx_rows(kern, job.mx_format, job.down_mx, job.down_mx_scale, job.down_stride, a,
+                        b, job.inter, dw);
+        kern.dot_rows_f32(dw, job.inter, b - a, job.inter, &act_ptr[job.first], job.count,
+                          down + job.first * H + a, H);
+      }
       return;
     }
     if (job.down8 != nullptr) {

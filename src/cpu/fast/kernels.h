@@ -65,6 +65,13 @@ struct Kernels {
                            size_t ldo) = nullptr;
   int fp8_row_tokens = 0;
 
+  // out[c] = bf16(element(c) x 2^(scale[c / 32] - 127)) for c < k (k a multiple of 32): one row
+  // of an OCP MX matrix (MXFP4: e2m1 pairs, the even column in the low nibble; MXFP8: e4m3fn
+  // bytes) dequantised as the CPU reference does (cpu/reference_mx.h), through a table of the
+  // element values, an fp32 multiply by the e8m0 scale and bf16's round to nearest even.
+  void (*dequant_mxfp4_row)(const uint8_t* q, const uint8_t* scale, int k, Bf16* out) = nullptr;
+  void (*dequant_mxfp8_row)(const uint8_t* q, const uint8_t* scale, int k, Bf16* out) = nullptr;
+
   // Sum of count floats (the read-bandwidth probe; the result only defeats dead-code removal).
   float (*read_sum)(const float* p, size_t count) = nullptr;
 };
@@ -79,6 +86,16 @@ void dot_rows_fp8_f32_avx2(const uint8_t* q, size_t ldq, const float* scale, siz
 void dot_rows_fp8_f32_avx512(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
                              int r0, int rows, int k, const float* const* x, int n, float* out,
                              size_t ldo);
+
+// The MX row dequantisers (mx_dequant_*.cpp), one pair per table.
+void dequant_mxfp4_row_portable(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp8_row_portable(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp4_row_avx2(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp8_row_avx2(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp4_row_avx512(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp8_row_avx512(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+// 2^(s - 127) for every e8m0 byte s (255, NaN, never reaches a kernel: the loader rejects it).
+const float* mx_scale_table();
 
 const Kernels& portable_kernels();
 // These two may only be called on a CPU that has the instructions (they are plain tables, but
