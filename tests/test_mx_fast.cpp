@@ -97,6 +97,76 @@ TEST(MxFastDequant, Mxfp8EveryCodeEveryIsaMatchesTheReference) {
   check_rows(ExpertFormat::Mxfp8, q, k, {0, 1, 5, 9, 10, 60, 119, 126, 127, 128, 200, 246});
 }
 
+// The fused decode kernels equal dequant_mx*_row + dot_rows_f32 / dot_rows_bf16 (the same
+// products summed in the same order; the fp8 test's fma-contraction slack is not needed: every
+// product here is an explicit fma or vdpbf16ps) on blocks that take the exact path and the
+// rounded one (scale bytes 0-2 and above 246 for MXFP8), 1 and 2 tokens, k with and without a
+// 64-column tail.
+TEST(MxFastDequant, FusedRowKernelsEqualDequantiseThenDot) {
+  const int rows = 6, ld = 352;  // 11 blocks
+  const uint8_t scale_bytes[] = {0, 1, 2, 3, 100, 127, 130, 246, 247, 250, 254};
+  for (ExpertFormat f : {ExpertFormat::Mxfp4, ExpertFormat::Mxfp8}) {
+    const bool fp4 = f == ExpertFormat::Mxfp4;
+    const size_t ldq = fp4 ? ld / 2 : ld, lds = ld / 32;
+    std::vector<uint8_t> q(rows * ldq), scale(rows * lds);
+    for (size_t r = 0; r < size_t(rows); ++r) {
+      for (size_t g = 0; g < lds; ++g) {
+        const uint8_t s = scale_bytes[(g + 3 * r) % 11];
+        // large scales keep the sums finite: MXFP4 capped at 2^113, MXFP8 above 246 (the
+        // rounded path) with subnormal codes only
+        scale[r * lds + g] = fp4 ? std::min<uint8_t>(s, 240) : s;
+        for (size_t c = g * 32; c < g * 32 + 32; ++c) {
+          uint8_t code = static_cast<uint8_t>((r * 131 + c * 37 + 5) % 256);
+          if (fp4) {
+            q[r * ldq + c / 2] |= static_cast<uint8_t>((code & 15) << (4 * (c % 2)));
+          } else {
+            if ((code & 0x7f) == 0x7f) code = 0x11;
+            if (s > 246) code &= 0x87;  // |value| <= 7 x 2^-9
+            q[r * ldq + c] = code;
+          }
+        }
+      }
+    }
+    std::vector<float> x0(ld), x1(ld);
+    std::vector<Bf16> b0(ld), b1(ld);
+    for (int c = 0; c < ld; ++c) {
+      x0[c] = round_to_bf16(std::sin(0.37f * c));
+      x1[c] = round_to_bf16(std::cos(0.11f * c) - 0.5f);
+      b0[c] = float_to_bf16(x0[c]);
+      b1[c] = float_to_bf16(x1[c]);
+    }
+    const float* xs[2] = {x0.data(), x1.data()};
+    const Bf16* xb[2] = {b0.data(), b1.data()};
+    for (Isa isa : isas()) {
+      const auto& kern = kernels(isa);
+      const auto f32 = fp4 ? kern.dot_rows_mxfp4_f32 : kern.dot_rows_mxfp8_f32;
+      const auto bf16 = fp4 ? kern.dot_rows_mxfp4_bf16 : kern.dot_rows_mxfp8_bf16;
+      const auto dequant = fp4 ? kern.dequant_mxfp4_row : kern.dequant_mxfp8_row;
+      if (f32 == nullptr) continue;
+      SCOPED_TRACE(std::string(cpu_fast::isa_name(isa)) + (fp4 ? ", mxfp4" : ", mxfp8"));
+      for (int k : {352, 320, 64, 32}) {
+        std::vector<Bf16> w(static_cast<size_t>(rows) * k);
+        for (int r = 0; r < rows; ++r)
+          dequant(q.data() + r * ldq, scale.data() + r * lds, k, w.data() + r * k);
+        for (int n = 1; n <= kern.mx_row_tokens; ++n) {
+          std::vector<float> want(2 * rows), got(2 * rows, -1.0f);
+          kern.dot_rows_f32(w.data(), k, rows, k, xs, n, want.data(), rows);
+          f32(q.data(), ldq, scale.data(), lds, rows, k, xs, n, got.data(), rows);
+          for (int i = 0; i < n * rows; ++i)
+            ASSERT_EQ(got[i], want[i]) << "f32, k " << k << ", n " << n << ", element " << i;
+          if (bf16 == nullptr || kern.dot_rows_bf16 == nullptr || !cpu_fast::cpu_has_avx512_bf16())
+            continue;
+          std::fill(got.begin(), got.end(), -1.0f);
+          kern.dot_rows_bf16(w.data(), k, rows, k, xb, n, want.data(), rows);
+          bf16(q.data(), ldq, scale.data(), lds, rows, k, xb, n, got.data(), rows);
+          for (int i = 0; i < n * rows; ++i)
+            ASSERT_EQ(got[i], want[i]) << "bf16, k " << k << ", n " << n << ", element " << i;
+        }
+      }
+    }
+  }
+}
+
 struct Case {
   const char* name;
   ExpertFormat format;

@@ -32,9 +32,11 @@
 // tiles and start at the unit's first row, and the fused kernels sum as the bf16 ones do, so y
 // equals the bf16 path's on the dequantised checkpoint bit for bit, while the weights cross the
 // memory bus as fp8 bytes. MX weights (expert_format() Mxfp4 / Mxfp8, W4A16 / W8A16) take the
-// second way: kFp8ChunkRows rows at a time dequantised (kernels.h dequant_mxfp4_row /
-// dequant_mxfp8_row: table lookups in SIMD) into the per-thread bf16 buffer, then the bf16
-// kernels; y equals the bf16 path's on the same checkpoint loaded as bf16, bit for bit.
+// same two ways: at decode token counts the fused MX row kernels (kernels.h dot_rows_mx*_f32, and
+// dot_rows_mx*_bf16 for gate/up with bf16 activations), else kFp8ChunkRows rows at a time
+// dequantised (dequant_mxfp4_row / dequant_mxfp8_row: table lookups in SIMD) into the per-thread
+// bf16 buffer for the bf16 kernels; y equals the bf16 path's on the same checkpoint loaded as
+// bf16, bit for bit.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -535,6 +537,18 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
     return kern.dot_rows_fp8_f32 != nullptr && job.count <= kern.fp8_row_tokens;
   };
   const auto fp8_rows_gate_up = [&](const Job& job) { return !bf16_dot && fp8_rows(job); };
+  // MX rows likewise, the gate/up kernel on the activations' type (bf16 with vdpbf16ps).
+  const auto mx_rows_f32 = [&](ExpertFormat f) {
+    return f == ExpertFormat::Mxfp4 ? kern.dot_rows_mxfp4_f32 : kern.dot_rows_mxfp8_f32;
+  };
+  const auto mx_rows_bf16 = [&](ExpertFormat f) {
+    return f == ExpertFormat::Mxfp4 ? kern.dot_rows_mxfp4_bf16 : kern.dot_rows_mxfp8_bf16;
+  };
+  const auto mx_rows = [&](const Job& job) {
+    return job.count <= kern.mx_row_tokens &&
+           (bf16_dot ? mx_rows_bf16(job.mx_format) != nullptr
+                     : mx_rows_f32(job.mx_format) != nullptr);
+  };
 
   // ---- gate/up GEMM + activation, in units of intermediate columns of one job
   const std::vector<Unit> up_units = make_units(
@@ -563,6 +577,22 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
                             job.inter);
       kern.dot_rows_fp8_f32(job.up8 + static_cast<size_t>(i0) * H, H, job.up_scale, fp8_tiles(H),
                             i0, i1 - i0, H, &xf_ptr[job.first], job.count, u + i0, job.inter);
+    } else if (job.gate_mx != nullptr && mx_rows(job)) {
+      const size_t row = mx_row_bytes(job.mx_format, H), srow = H / kMxGroup;
+      const size_t q0 = static_cast<size_t>(i0) * row, s0 = static_cast<size_t>(i0) * srow;
+      if (bf16_dot) {
+        const auto fn = mx_rows_bf16(job.mx_format);
+        fn(job.gate_mx + q0, row, job.gate_mx_scale + s0, srow, i1 - i0, H, &xb_ptr[job.first],
+           job.count, g + i0, job.inter);
+        fn(job.up_mx + q0, row, job.up_mx_scale + s0, srow, i1 - i0, H, &xb_ptr[job.first],
+           job.count, u + i0, job.inter);
+      } else {
+        const auto fn = mx_rows_f32(job.mx_format);
+        fn(job.gate_mx + q0, row, job.gate_mx_scale + s0, srow, i1 - i0, H, &xf_ptr[job.first],
+           job.count, g + i0, job.inter);
+        fn(job.up_mx + q0, row, job.up_mx_scale + s0, srow, i1 - i0, H, &xf_ptr[job.first],
+           job.count, u + i0, job.inter);
+      }
     } else if (job.gate_mx != nullptr) {
       thread_local std::vector<Bf16> rows_buffer;
       Bf16* gw = scratch(rows_buffer, 2 * static_cast<size_t>(kFp8ChunkRows) * H);
@@ -615,6 +645,16 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
                             job.down_stride, job.down_scale, fp8_tiles(job.down_stride),
                             unit.begin, unit.end - unit.begin, job.inter, &act_ptr[job.first],
                             job.count, down + job.first * H + unit.begin, H);
+      return;
+    }
+    if (job.down_mx != nullptr && job.count <= kern.mx_row_tokens &&
+        mx_rows_f32(job.mx_format) != nullptr) {
+      const size_t row = mx_row_bytes(job.mx_format, job.down_stride);
+      const size_t srow = job.down_stride / kMxGroup;
+      mx_rows_f32(job.mx_format)(job.down_mx + unit.begin * row, row,
+                                 job.down_mx_scale + unit.begin * srow, srow,
+                                 unit.end - unit.begin, job.inter, &act_ptr[job.first], job.count,
+                                 down + job.first * H + unit.begin, H);
       return;
     }
     if (job.down_mx != nullptr) {

@@ -188,6 +188,9 @@ const Kernels& avx2_kernels() {
                          .fp8_row_tokens = 2,
                          .dequant_mxfp4_row = dequant_mxfp4_row_avx2,
                          .dequant_mxfp8_row = dequant_mxfp8_row_avx2,
+                         .dot_rows_mxfp4_f32 = dot_rows_mxfp4_f32_avx2,
+                         .dot_rows_mxfp8_f32 = dot_rows_mxfp8_f32_avx2,
+                         .mx_row_tokens = 2,
                          .read_sum = read_sum};
   return k;
 }

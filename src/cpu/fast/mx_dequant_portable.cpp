@@ -24,6 +24,27 @@ const float* mx_scale_table() {
   return table.data();
 }
 
+const E2m1Row* mx_e2m1_f32_table() {
+  static const std::array<E2m1Row, 255> table = [] {
+    std::array<E2m1Row, 255> t{};
+    for (int s = 0; s < 255; ++s)
+      for (int c = 0; c < 16; ++c) t[s].f32[c] = kE2m1[c] * std::ldexp(1.0f, s - 127);
+    return t;
+  }();
+  return table.data();
+}
+
+const E2m1RowBf16* mx_e2m1_bf16_table() {
+  static const std::array<E2m1RowBf16, 255> table = [] {
+    std::array<E2m1RowBf16, 255> t{};
+    const E2m1Row* f = mx_e2m1_f32_table();
+    for (int s = 0; s < 255; ++s)
+      for (int c = 0; c < 16; ++c) t[s].bits[c] = float_to_bf16(f[s].f32[c]).bits;
+    return t;
+  }();
+  return table.data();
+}
+
 void dequant_mxfp4_row_portable(const uint8_t* q, const uint8_t* scale, int k, Bf16* out) {
   const float* st = mx_scale_table();
   for (int c = 0; c < k; c += 2) {
