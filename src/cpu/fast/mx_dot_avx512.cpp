@@ -111,12 +111,46 @@ void row_mxfp8_f32(const uint8_t* q, const uint8_t* s, int k, const float* const
   for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
 }
 
+// bf16 bits of m x 2^-9 (the e4m3 subnormals, m = 1..7; lane 0 unused) and the bf16 exponent
+// field's unit.
+inline __m512i e4m3_subnormal_bits() {
+  return _mm512_setr_epi32(0x3b00'0000, 0x3bc0'3b80, 0x3c20'3c00, 0x3c60'3c40, 0, 0, 0, 0, 0, 0,
+                           0, 0, 0, 0, 0, 0);
+}
+
+// 32 e4m3 codes of a block with 10 <= s <= 246 -> bf16(value x 2^(s-127)) as bf16, in integer
+// arithmetic: a normal code (exponent field E >= 1) is sign | (E + s - 7) << 7 | m << 4, a
+// subnormal one m x 2^-9 with s - 127 added to its exponent field; every result is a normal
+// bf16 in that range of s, so no rounding happens.
+inline __m512bh e4m3_bf16x32(const uint8_t* q, uint8_t s, __m512i subnormals) {
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+  const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi16(0x7f));
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
+  const __m512i normal =
+      _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(static_cast<short>((s - 7) << 7)));
+  const __mmask32 is_sub =
+      _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, _mm512_set1_epi16(0x78)), _mm512_setzero_si512());
+  if (is_sub == 0) return (__m512bh)_mm512_or_si512(normal, sign);
+  // subnormal codes (E = 0, rare in a block scaled to its largest element): the table shifted
+  // by 2^(s-127), code 0 kept 0
+  const __m512i sub = _mm512_mask_mov_epi16(
+      _mm512_add_epi16(subnormals, _mm512_set1_epi16(static_cast<short>((s - 127) << 7))), 1,
+      _mm512_setzero_si512());
+  const __m512i bits = _mm512_mask_mov_epi16(normal, is_sub, _mm512_permutexvar_epi16(mag, sub));
+  return (__m512bh)_mm512_or_si512(bits, sign);
+}
+
 // 32 weights of the block at column c as bf16, for either format.
 template <bool kFp4>
 inline __m512bh bf16x32(const uint8_t* q, const uint8_t* s, int c, const float* st,
                         const E2m1RowBf16* tables) {
-  if constexpr (kFp4) return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]);
-  return pack_bf16(e4m3x16(q + c, s[c >> 5], st), e4m3x16(q + c + 16, s[c >> 5], st));
+  if constexpr (kFp4) {
+    return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]);
+  } else {
+    const uint8_t sb = s[c >> 5];
+    if (sb >= 10 && sb <= 246) return e4m3_bf16x32(q + c, sb, e4m3_subnormal_bits());
+    return pack_bf16(e4m3x16(q + c, sb, st), e4m3x16(q + c + 16, sb, st));
+  }
 }
 
 template <bool kFp4, int J>
