@@ -3,9 +3,9 @@
 // weight made in registers and summed exactly as kernels_avx2.cpp's dot_row_f32 sums the
 // dequantised row (16 columns a step in two accumulators, their sum; K is a multiple of 32, so
 // there is no tail), so they equal dequant_mx*_row + dot_rows_f32 bit for bit. Weights as in
-// mx_dot_avx512.cpp: e2m1 through the 8 scaled magnitudes (vpermps reads the low 3 bits) with the
-// code's bit 3 as the sign; e4m3 through the fp16 bit move times 2^(s-119), exact for
-// 3 <= s <= 246, else the rounded two-multiply path.
+// mx_dot_avx512.cpp: e2m1 through the 8 scaled magnitudes of mx_e2m1_f32_table() (vpermps reads
+// the low 3 bits) with the code's bit 3 as the sign; e4m3 through the fp16 bit move times
+// 2^(s-119), exact for 3 <= s <= 246, else the rounded two-multiply path.
 #if defined(__x86_64__) || defined(__i386__)
 
 #include <immintrin.h>
@@ -50,7 +50,7 @@ template <bool kFp4, int J>
 void row_mx_f32(const uint8_t* q, const uint8_t* s, int k, const float* const* x, float* out,
                 size_t ldo) {
   const float* st = mx_scale_table();
-  const __m256 magnitudes = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const E2m1Row* tables = mx_e2m1_f32_table();
   __m256 a0[J], a1[J];
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
   for (int c = 0; c < k; c += 16) {
@@ -58,7 +58,7 @@ void row_mx_f32(const uint8_t* q, const uint8_t* s, int k, const float* const* x
     __m256 w0, w1;
     if constexpr (kFp4) {
       if ((c & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(q + c / 2) + 4096, _MM_HINT_T1);
-      const __m256 scaled = _mm256_mul_ps(magnitudes, _mm256_set1_ps(st[sb]));
+      const __m256 scaled = _mm256_load_ps(tables[sb].f32);  // the 8 magnitudes x 2^(s-127)
       // 8 bytes -> 16 codes in column order (low nibble first)
       const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + c / 2)));
       const __m128i codes = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0f)),

@@ -7,10 +7,11 @@
 // the bf16 row in memory. K is a multiple of 32, so every step is one or two whole MX blocks.
 //
 // Weights: MXFP4 codes index the 16 e2m1 values already multiplied by the block's 2^(s-127)
-// (vpermps on fp32, vpermw on bf16); those products are exact in bf16 (mx_experts.md), so no
-// rounding is needed and the bf16 table is the fp32 one's top halves. MXFP8 uses the e4m3 ->
-// fp16 bit move (the value times 2^-8) times 2^(s-119), exact for 3 <= s <= 246 (the products are
-// exact in bf16 there); other blocks take the rounded two-multiply path of mx_dequant_avx512.cpp.
+// (mx_e2m1_f32_table / mx_e2m1_bf16_table; vpermps on fp32, vpermw on bf16); those products are
+// exact in bf16 (mx_experts.md), so no rounding is needed. MXFP8 on fp32 uses the e4m3 -> fp16
+// bit move (the value times 2^-8) times 2^(s-119), exact for 3 <= s <= 246 (the products are
+// exact in bf16 there); on bf16, for 10 <= s <= 246, integer arithmetic on the bf16 exponent
+// field (e4m3_bf16x32). Other blocks take the rounded two-multiply path of mx_dequant_avx512.cpp.
 #if defined(__x86_64__) || defined(__i386__)
 
 // why: GCC 12's avx512fintrin.h seeds casts with _mm512_undefined_*(), which -Wall reports as
