@@ -27,7 +27,12 @@ float mx_element_value(ExpertFormat f, uint8_t code) {
     const float v = kE2m1[code & 7];
     return (code & 8) ? -v : v;
   }
-  return fp8_e4m3_to_float(code);
+  static const std::array<float, 256> e4m3 = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = fp8_e4m3_to_float(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return e4m3[code];
 }
 
 void check_mx_rows(ExpertFormat f, const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
@@ -71,9 +76,12 @@ void check_mx_rows(ExpertFormat f, const uint8_t* q, size_t ldq, const uint8_t* 
 
 void mx_decode_row(ExpertFormat f, const uint8_t* q, const uint8_t* scale, size_t cols,
                    Bf16* out) {
-  for (size_t c = 0; c < cols; ++c) {
-    const uint8_t code = f == ExpertFormat::Mxfp4 ? (q[c / 2] >> (4 * (c % 2))) & 15 : q[c];
-    out[c] = float_to_bf16(mx_element_value(f, code) * mx_scale_value(scale[c / kMxGroup]));
+  for (size_t g = 0; g < cols / kMxGroup; ++g) {
+    const float s = mx_scale_value(scale[g]);
+    for (size_t c = g * kMxGroup; c < (g + 1) * kMxGroup; ++c) {
+      const uint8_t code = f == ExpertFormat::Mxfp4 ? (q[c / 2] >> (4 * (c % 2))) & 15 : q[c];
+      out[c] = float_to_bf16(mx_element_value(f, code) * s);
+    }
   }
 }
 

@@ -32,7 +32,7 @@ float mx_element_value(ExpertFormat f, uint8_t code);
 void check_mx_rows(ExpertFormat f, const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                    size_t rows, size_t cols, const std::string& what);
 
-// One row of an MX matrix as bf16: out[c] = bf16(element(c) x 2^(s[c/32]-127)), round to nearest
+// One row of an MX matrix (cols a multiple of 32) as bf16: out[c] = bf16(element(c) x 2^(s[c/32]-127)), round to nearest
 // even (exact unless the product is below bf16's normal range, 2^-126).
 void mx_decode_row(ExpertFormat f, const uint8_t* q, const uint8_t* scale, size_t cols, Bf16* out);
 
