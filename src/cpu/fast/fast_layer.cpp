@@ -32,11 +32,9 @@
 // tiles and start at the unit's first row, and the fused kernels sum as the bf16 ones do, so y
 // equals the bf16 path's on the dequantised checkpoint bit for bit, while the weights cross the
 // memory bus as fp8 bytes. MX weights (expert_format() Mxfp4 / Mxfp8, W4A16 / W8A16) take the
-// same two ways: at decode token counts the fused MX row kernels (kernels.h dot_rows_mx*_f32, and
-// dot_rows_mx*_bf16 for gate/up with bf16 activations), else kFp8ChunkRows rows at a time
-// dequantised (dequant_mxfp4_row / dequant_mxfp8_row: table lookups in SIMD) into the per-thread
-// bf16 buffer for the bf16 kernels; y equals the bf16 path's on the same checkpoint loaded as
-// bf16, bit for bit.
+// same two ways (mx_rows.h: fused MX row kernels at decode token counts, gate/up on the
+// activations' type; else rows dequantised into a per-thread buffer), so y equals the bf16 path's
+// on the same checkpoint loaded as bf16, bit for bit.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -52,6 +50,7 @@
 #include "cpu/experts_routing_check.h"
 #include "cpu/fast/fast_common.h"
 #include "cpu/fast/kernels.h"
+#include "cpu/fast/mx_rows.h"
 #include "cpu/fast/thread_pool.h"
 #include "moekit/cpu_fast.h"
 #include "moekit/error.h"
@@ -197,15 +196,8 @@ struct Job {
   const float* gate_scale = nullptr;
   const float* up_scale = nullptr;
   const float* down_scale = nullptr;
-  // MX weights instead (ExpertView's mx fields): rows of mx_row_bytes(mx_format, cols) codes,
-  // one e8m0 byte per 32 columns (rows of H/32 bytes for gate/up, down_stride/32 for down).
-  ExpertFormat mx_format = ExpertFormat::Bf16;
-  const uint8_t* gate_mx = nullptr;
-  const uint8_t* up_mx = nullptr;
-  const uint8_t* down_mx = nullptr;
-  const uint8_t* gate_mx_scale = nullptr;
-  const uint8_t* up_mx_scale = nullptr;
-  const uint8_t* down_mx_scale = nullptr;
+  // MX weights instead (ExpertView's mx fields; gate/up rows of H columns, down of down_stride).
+  detail::MxMatrix gate_mx, up_mx, down_mx;
   int inter = 0;
   int down_stride = 0;
   const float* b_gate = nullptr;
@@ -235,28 +227,12 @@ void dequant_rows(const detail::Kernels& kern, const uint8_t* q, const float* sc
   }
 }
 
-// Rows [r0, r1) of an MX matrix whose rows hold ld columns (the first k used) into
-// out[r1 - r0, k] as bf16.
-void dequant_mx_rows(const detail::Kernels& kern, ExpertFormat f, const uint8_t* q,
-                     const uint8_t* scale, size_t ld, int r0, int r1, int k, Bf16* out) {
-  const auto row_fn = f == ExpertFormat::Mxfp4 ? kern.dequant_mxfp4_row : kern.dequant_mxfp8_row;
-  const size_t row = mx_row_bytes(f, ld), scale_row = ld / kMxGroup;
-  for (int r = r0; r < r1; ++r) {
-    row_fn(q + r * row, scale + r * scale_row, k, out + static_cast<size_t>(r - r0) * k);
-  }
-}
-
 // Points an MX job at gate/up rows w13 [2 inter, H] and down rows w2 [H, down_stride].
 void set_mx(Job& job, ExpertFormat f, size_t H, const uint8_t* w13, const uint8_t* s13,
             const uint8_t* w2, const uint8_t* s2) {
-  const size_t inter = job.inter;
-  job.mx_format = f;
-  job.gate_mx = w13;
-  job.up_mx = w13 + inter * mx_row_bytes(f, H);
-  job.gate_mx_scale = s13;
-  job.up_mx_scale = s13 + inter * (H / kMxGroup);
-  job.down_mx = w2;
-  job.down_mx_scale = s2;
+  job.gate_mx = {f, w13, s13, H};
+  job.up_mx = job.gate_mx.offset_rows(job.inter);
+  job.down_mx = {f, w2, s2, static_cast<size_t>(job.down_stride)};
 }
 
 // Points a routed expert's (or fused slot's) job at its weights, materialising them on first use
@@ -478,6 +454,7 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
     const int Is = spec.shared_intermediate;
     Job& sj = jobs.back();
     sj.inter = Is;
+    sj.down_stride = Is;
     if (mx) {
       MK_CHECK(Is > 0 && w.shared_w13_mx() && w.shared_w13_mx_scale() && w.shared_w2_mx() &&
                    w.shared_w2_mx_scale(),
@@ -503,7 +480,6 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
       sj.up = w.shared_w13() + static_cast<size_t>(Is) * H;
       sj.down = w.shared_w2();
     }
-    sj.down_stride = Is;
   }
 
   // ---- buffers: per job [count, inter] gate (then activation) and up blocks
@@ -537,18 +513,7 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
     return kern.dot_rows_fp8_f32 != nullptr && job.count <= kern.fp8_row_tokens;
   };
   const auto fp8_rows_gate_up = [&](const Job& job) { return !bf16_dot && fp8_rows(job); };
-  // MX rows likewise, the gate/up kernel on the activations' type (bf16 with vdpbf16ps).
-  const auto mx_rows_f32 = [&](ExpertFormat f) {
-    return f == ExpertFormat::Mxfp4 ? kern.dot_rows_mxfp4_f32 : kern.dot_rows_mxfp8_f32;
-  };
-  const auto mx_rows_bf16 = [&](ExpertFormat f) {
-    return f == ExpertFormat::Mxfp4 ? kern.dot_rows_mxfp4_bf16 : kern.dot_rows_mxfp8_bf16;
-  };
-  const auto mx_rows = [&](const Job& job) {
-    return job.count <= kern.mx_row_tokens &&
-           (bf16_dot ? mx_rows_bf16(job.mx_format) != nullptr
-                     : mx_rows_f32(job.mx_format) != nullptr);
-  };
+
 
   // ---- gate/up GEMM + activation, in units of intermediate columns of one job
   const std::vector<Unit> up_units = make_units(
@@ -577,32 +542,11 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
                             job.inter);
       kern.dot_rows_fp8_f32(job.up8 + static_cast<size_t>(i0) * H, H, job.up_scale, fp8_tiles(H),
                             i0, i1 - i0, H, &xf_ptr[job.first], job.count, u + i0, job.inter);
-    } else if (job.gate_mx != nullptr && mx_rows(job)) {
-      const size_t row = mx_row_bytes(job.mx_format, H), srow = H / kMxGroup;
-      const size_t q0 = static_cast<size_t>(i0) * row, s0 = static_cast<size_t>(i0) * srow;
-      if (bf16_dot) {
-        const auto fn = mx_rows_bf16(job.mx_format);
-        fn(job.gate_mx + q0, row, job.gate_mx_scale + s0, srow, i1 - i0, H, &xb_ptr[job.first],
-           job.count, g + i0, job.inter);
-        fn(job.up_mx + q0, row, job.up_mx_scale + s0, srow, i1 - i0, H, &xb_ptr[job.first],
-           job.count, u + i0, job.inter);
-      } else {
-        const auto fn = mx_rows_f32(job.mx_format);
-        fn(job.gate_mx + q0, row, job.gate_mx_scale + s0, srow, i1 - i0, H, &xf_ptr[job.first],
-           job.count, g + i0, job.inter);
-        fn(job.up_mx + q0, row, job.up_mx_scale + s0, srow, i1 - i0, H, &xf_ptr[job.first],
-           job.count, u + i0, job.inter);
-      }
-    } else if (job.gate_mx != nullptr) {
-      thread_local std::vector<Bf16> rows_buffer;
-      Bf16* gw = scratch(rows_buffer, 2 * static_cast<size_t>(kFp8ChunkRows) * H);
-      Bf16* uw = gw + static_cast<size_t>(kFp8ChunkRows) * H;
-      for (int a = i0; a < i1; a += kFp8ChunkRows) {
-        const int b = std::min(i1, a + kFp8ChunkRows);
-        dequant_mx_rows(kern, job.mx_format, job.gate_mx, job.gate_mx_scale, H, a, b, H, gw);
-        dequant_mx_rows(kern, job.mx_format, job.up_mx, job.up_mx_scale, H, a, b, H, uw);
-        project(gw, uw, a, b);
-      }
+    } else if (!job.gate_mx.empty()) {
+      const float* const* xf = bf16_dot ? nullptr : &xf_ptr[job.first];
+      const Bf16* const* xb = bf16_dot ? &xb_ptr[job.first] : nullptr;
+      detail::mx_project(kern, job.gate_mx, i0, i1, H, xf, xb, job.count, g + i0, job.inter);
+      detail::mx_project(kern, job.up_mx, i0, i1, H, xf, xb, job.count, u + i0, job.inter);
     } else if (job.gate8 != nullptr) {
       thread_local std::vector<Bf16> rows_buffer;
       Bf16* gw = scratch(rows_buffer, 2 * static_cast<size_t>(kFp8ChunkRows) * H);
@@ -647,26 +591,9 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
                             job.count, down + job.first * H + unit.begin, H);
       return;
     }
-    if (job.down_mx != nullptr && job.count <= kern.mx_row_tokens &&
-        mx_rows_f32(job.mx_format) != nullptr) {
-      const size_t row = mx_row_bytes(job.mx_format, job.down_stride);
-      const size_t srow = job.down_stride / kMxGroup;
-      mx_rows_f32(job.mx_format)(job.down_mx + unit.begin * row, row,
-                                 job.down_mx_scale + unit.begin * srow, srow,
-                                 unit.end - unit.begin, job.inter, &act_ptr[job.first], job.count,
-                                 down + job.first * H + unit.begin, H);
-      return;
-    }
-    if (job.down_mx != nullptr) {
-      thread_local std::vector<Bf16> rows_buffer;
-      Bf16* dw = scratch(rows_buffer, static_cast<size_t>(kFp8ChunkRows) * job.inter);
-      for (int a = unit.begin; a < unit.end; a += kFp8ChunkRows) {
-        const int b = std::min(unit.end, a + kFp8ChunkRows);
-        dequant_mx_rows(kern, job.mx_format, job.down_mx, job.down_mx_scale, job.down_stride, a,
-                        b, job.inter, dw);
-        kern.dot_rows_f32(dw, job.inter, b - a, job.inter, &act_ptr[job.first], job.count,
-                          down + job.first * H + a, H);
-      }
+    if (!job.down_mx.empty()) {
+      detail::mx_project(kern, job.down_mx, unit.begin, unit.end, job.inter, &act_ptr[job.first],
+                         nullptr, job.count, down + job.first * H + unit.begin, H);
       return;
     }
     if (job.down8 != nullptr) {
