@@ -31,7 +31,11 @@
 // (converted to bf16, round to nearest even), F8_E4M3 with a 128x128 block scale (<name>_scale_inv
 // as DeepSeek-V3 publishes it, or <name minus .weight>.scale as DeepSeek-V4 does; F32, BF16, F16
 // or F8_E8M0), or packed FP4 e2m1 (I8/U8 [N, K/2], low nibble = even column) with a 1x32 scale
-// [N, K/32] (DeepSeek-V4's routed experts); dequantised to bf16 on first use of the expert.
+// [N, K/32] (DeepSeek-V4's routed experts); dequantised to bf16 on first use of the expert. With
+// an mxfp8 config (quantization_config.quant_method "mxfp8") every F8_E4M3 expert or shared weight
+// takes a 1x32 e8m0 scale instead: U8 or F8_E8M0 [N, K/32] named <name>_scale_inv, <name>_scale
+// or <base>.scale. LoadOptions::expert_format keeps fp8 and MX experts in their stored form
+// (docs/decisions/fp8_experts.md, mx_experts.md).
 #pragma once
 
 #include <string>
