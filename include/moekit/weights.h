@@ -10,7 +10,7 @@
 //   expert(e).b13/b2  [2I] / [H] fp32        gpt-oss only
 //   shared_w13        [2*Is, H] bf16         the unfused shared MLP (Is = shared_intermediate)
 //   shared_w2         [H, Is] bf16
-// Loaded with LoadOptions::expert_dtype F8_E4M3 (an fp8 block-scale checkpoint), the expert and
+// Loaded with LoadOptions::expert_format Fp8Block (an fp8 block-scale checkpoint), the expert and
 // shared weights are e4m3 bytes + fp32 128x128 tile scales instead (ExpertView's fp8 fields,
 // shared_*_fp8 / shared_*_scale), the bf16 pointers null; docs/decisions/fp8_experts.md.
 // Loaded with LoadOptions::expert_format Mxfp4 / Mxfp8 (an OCP MX checkpoint: gpt-oss, MiniMax-M3
