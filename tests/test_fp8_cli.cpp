@@ -73,7 +73,7 @@ class Fp8Cli : public ::testing::Test {
 
 TEST_F(Fp8Cli, RunMatchesTheLayerInProcess) {
   LoadOptions keep;
-  keep.expert_dtype = DType::F8_E4M3;
+  keep.expert_format = ExpertFormat::Fp8Block;
   const auto w = load_checkpoint_weights(spec_, 3, dir_ + "/ckpt", keep);
   for (Fp8Compute mode : {Fp8Compute::W8A8, Fp8Compute::WeightOnly}) {
     const Cli r = run_cli(dir_, run_args("--expert-dtype fp8 --backend reference --fp8-compute " +

@@ -124,7 +124,7 @@ TEST_P(Fp8Fast, EqualsTheBf16LoadAndTheWeightOnlyReference) {
   const std::string dir = test::scratch_dir("_" + std::to_string(c.inter));
   test::write_fp8_checkpoint(spec, c.layer, 31, false, dir);
   LoadOptions keep;
-  keep.expert_dtype = DType::F8_E4M3;
+  keep.expert_format = ExpertFormat::Fp8Block;
   const auto f8 = load_checkpoint_weights(spec, c.layer, dir, keep);
   const auto b16 = load_checkpoint_weights(spec, c.layer, dir);
   for (int tokens : {1, 3, 9}) {

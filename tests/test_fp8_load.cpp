@@ -1,5 +1,5 @@
-// Loading an fp8 block-scale checkpoint with the experts kept in fp8 (LoadOptions::expert_dtype
-// F8_E4M3): the e4m3 bytes and the tile scales are the stored ones, laid out as ExpertView says
+// Loading an fp8 block-scale checkpoint with the experts kept in fp8 (LoadOptions::expert_format
+// Fp8Block): the e4m3 bytes and the tile scales are the stored ones, laid out as ExpertView says
 // (gate tiles, then up tiles), their dequantisation equals the bf16 load bit for bit; fused
 // shared slots take their tiles; malformed scales and non-fp8 tensors are errors naming them.
 // Checkpoints are DeepSeek-V3-like (per-expert and stacked HF names) and MiniMax-M2-like
@@ -26,7 +26,7 @@ using test::expect_error;
 
 LoadOptions keep_fp8() {
   LoadOptions o;
-  o.expert_dtype = DType::F8_E4M3;
+  o.expert_format = ExpertFormat::Fp8Block;
   return o;
 }
 
@@ -295,16 +295,14 @@ TEST_F(Fp8LoadBad, Bf16ExpertsCannotBeKeptInFp8) {
   expect_error([&] { load_checkpoint_weights(spec_, 3, dir, keep_fp8()); },
                {"model.layers.3.mlp.experts.0.gate_proj.weight",
                 "expected dtype F8_E4M3 with a 128x128 block scale", "got BF16"});
-  LoadOptions o;
-  o.expert_dtype = DType::F16;
-  expect_error([&] { load_checkpoint_weights(spec_, 3, dir, o); },
-               {"expected expert dtype BF16 or F8_E4M3, got F16"});
+  expect_error([&] { parse_expert_format("f16"); },
+               {"unknown expert format 'f16'", "bf16, fp8, mxfp4 or mxfp8"});
 }
 
 TEST_F(Fp8LoadBad, SavingFp8HeldWeightsIsAnError) {
   expect_error(
       [&] { save_checkpoint(*load(), test::scratch_dir("_out"), SaveCheckpointOptions{}); },
-      {"held in F8_E4M3", "load them with expert dtype BF16"});
+      {"held in fp8", "load them with expert format bf16"});
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ namespace {
 
 LoadOptions keep_fp8() {
   LoadOptions o;
-  o.expert_dtype = DType::F8_E4M3;
+  o.expert_format = ExpertFormat::Fp8Block;
   return o;
 }
 

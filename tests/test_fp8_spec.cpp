@@ -83,7 +83,7 @@ TEST(Fp8Spec, UnsupportedValuesAreErrorsNamingKeyAndValue) {
       [] {
         with_quant({{"quant_method", "awq"}});
       },
-      {"quantization_config.quant_method", "'awq'", "fp8 or mxfp4"});
+      {"quantization_config.quant_method", "'awq'", "fp8, mxfp4 or mxfp8"});
   expect_error(
       [] {
         with_quant({{"quant_method", "fp8"}, {"activation_scheme", "static"}});

@@ -31,7 +31,11 @@
 // (converted to bf16, round to nearest even), F8_E4M3 with a 128x128 block scale (<name>_scale_inv
 // as DeepSeek-V3 publishes it, or <name minus .weight>.scale as DeepSeek-V4 does; F32, BF16, F16
 // or F8_E8M0), or packed FP4 e2m1 (I8/U8 [N, K/2], low nibble = even column) with a 1x32 scale
-// [N, K/32] (DeepSeek-V4's routed experts); dequantised to bf16 on first use of the expert.
+// [N, K/32] (DeepSeek-V4's routed experts); dequantised to bf16 on first use of the expert. With
+// an mxfp8 config (quantization_config.quant_method "mxfp8") every F8_E4M3 expert or shared weight
+// takes a 1x32 e8m0 scale instead: U8 or F8_E8M0 [N, K/32] named <name>_scale_inv, <name>_scale
+// or <base>.scale. LoadOptions::expert_format keeps fp8 and MX experts in their stored form
+// (docs/decisions/fp8_experts.md, mx_experts.md).
 #pragma once
 
 #include <string>
@@ -57,6 +61,13 @@ struct SaveCheckpointOptions {
   // Expert and shared MLP dtype: BF16 (exact), F32 (exact), F16, or F8_E4M3 with 128x128 block
   // scales (amax / 448) in F32 <name>_scale_inv (DeepSeekV4 naming: <base>.scale).
   DType expert_dtype = DType::BF16;
+  // Mxfp4 / Mxfp8 write the experts (and the shared MLP) in that OCP MX form instead, quantised
+  // from the bf16 weights (io/mx_experts.h mx_quantize_row); expert_dtype must then be BF16.
+  // Mxfp4: the gpt-oss naming only, as gpt-oss publishes it (gate_up_proj_blocks [E,2I,H/32,16]
+  // with rows interleaved gate/up, _scales [E,2I,H/32] U8, down_proj_blocks / _scales).
+  // Mxfp8: every other naming, each weight F8_E4M3 [N, K] with "<name>_scale" U8 [N, K/32]
+  // (NVIDIA ModelOpt's weight_scale spelling). Bf16 / Fp8Block: per expert_dtype.
+  ExpertFormat expert_format = ExpertFormat::Bf16;
   // Layer prefix; empty = the family's published one ("model.layers.{L}.", MiniMax-M3
   // "language_model.model.layers.{L}.", DeepSeek-V4 "layers.{L}."). "{L}" is replaced.
   std::string layer_prefix;

@@ -40,12 +40,14 @@ enum class QuantKind {
   None,      // no quantization_config: the weights are float (bf16/f16/f32)
   Fp8Block,  // quant_method "fp8": e4m3 weights, one fp32 multiplier per 128x128 tile
   Mxfp4,     // quant_method "mxfp4" (gpt-oss): e2m1 experts, an e8m0 scale per 32 columns
+  Mxfp8,     // quant_method "mxfp8" (MiniMax-M3 style): e4m3 weights, an e8m0 scale per 1x32
 };
-const char* quant_kind_name(QuantKind k);  // "none", "fp8-block", "mxfp4"
+const char* quant_kind_name(QuantKind k);  // "none", "fp8-block", "mxfp4", "mxfp8"
 
 struct QuantSpec {
   QuantKind kind = QuantKind::None;
   // Fp8Block: weight_block_size [out, in]; moekit supports [128, 128], what every fp8 model ships.
+  // Mxfp4 / Mxfp8: [1, 32], the OCP MX block (one e8m0 exponent byte per 32 input elements).
   int block_out = 0;
   int block_in = 0;
   // scale_fmt "ue8m0" (DeepSeek-V3.1+/V4): every weight scale is a power of two (the loader
@@ -99,6 +101,7 @@ struct MoeSpec {
   // How the checkpoint stores its weights (the router is never quantised by moekit).
   QuantSpec quant;
   bool fp8_experts() const { return quant.kind == QuantKind::Fp8Block; }
+  bool mx_experts() const { return quant.kind == QuantKind::Mxfp4 || quant.kind == QuantKind::Mxfp8; }
 
   // Shared slots after fusion: shared_intermediate / I when it divides evenly, else 0.
   int shared_slots() const;
@@ -117,6 +120,10 @@ struct MoeSpec {
   // 128x128 tile (gate and up tiled separately, as the checkpoints store them).
   size_t fp8_expert_bytes() const;
   size_t fp8_shared_bytes() const;
+  // The same in an MX form (quant.kind Mxfp4 / Mxfp8): the packed elements (half a byte or one
+  // byte each) plus one e8m0 byte per 32 input elements of every row. 0 for other kinds.
+  size_t mx_expert_bytes() const;
+  size_t mx_shared_bytes() const;
 };
 
 // How a config is read. A supported model_type (supported_model_types(): the families of

@@ -10,9 +10,12 @@
 //   expert(e).b13/b2  [2I] / [H] fp32        gpt-oss only
 //   shared_w13        [2*Is, H] bf16         the unfused shared MLP (Is = shared_intermediate)
 //   shared_w2         [H, Is] bf16
-// Loaded with LoadOptions::expert_dtype F8_E4M3 (an fp8 block-scale checkpoint), the expert and
+// Loaded with LoadOptions::expert_format Fp8Block (an fp8 block-scale checkpoint), the expert and
 // shared weights are e4m3 bytes + fp32 128x128 tile scales instead (ExpertView's fp8 fields,
 // shared_*_fp8 / shared_*_scale), the bf16 pointers null; docs/decisions/fp8_experts.md.
+// Loaded with LoadOptions::expert_format Mxfp4 / Mxfp8 (an OCP MX checkpoint: gpt-oss, MiniMax-M3
+// style), they are the packed elements + one e8m0 exponent byte per 32 input elements instead
+// (ExpertView's mx fields, shared_*_mx / shared_*_mx_scale); docs/decisions/mx_experts.md.
 //
 // expert(e) for E <= e < E+S is fused shared slot j = e-E: gate/up rows [jI,(j+1)I) of the shared
 // MLP and down columns [jI,(j+1)I), repacked once into the expert layout. Summing the S slots
@@ -38,6 +41,22 @@ namespace moekit {
 
 // Rows and columns of one fp8 weight tile (weight_block_size [128, 128] of the fp8 checkpoints).
 inline constexpr int kFp8Tile = 128;
+// Input elements per e8m0 exponent byte in the OCP MX formats (MXFP4, MXFP8).
+inline constexpr int kMxGroup = 32;
+
+// How a layer holds its expert and shared-MLP weights (LayerWeights::expert_format()).
+enum class ExpertFormat : uint8_t {
+  Bf16,      // ExpertView::w13 / w2 (every checkpoint storage converted to bf16)
+  Fp8Block,  // e4m3 bytes + fp32 128x128 tile scales (ExpertView's fp8 fields)
+  Mxfp4,     // e2m1 pairs (low nibble first) + e8m0 bytes per 1x32 (ExpertView's mx fields)
+  Mxfp8,     // e4m3 bytes + e8m0 bytes per 1x32 (ExpertView's mx fields)
+};
+const char* expert_format_name(ExpertFormat f);       // "bf16", "fp8", "mxfp4", "mxfp8"
+ExpertFormat parse_expert_format(const std::string& s);  // throws naming s and the choices
+// Bytes of a row of `cols` packed elements in an MX format (cols / 2 for Mxfp4, cols for Mxfp8).
+inline size_t mx_row_bytes(ExpertFormat f, size_t cols) {
+  return f == ExpertFormat::Mxfp4 ? cols / 2 : cols;
+}
 
 struct ExpertView {
   const Bf16* w13 = nullptr;  // [2I, H]
@@ -52,6 +71,15 @@ struct ExpertView {
   const float* w13_scale = nullptr;  // [2*ceil(I/128), ceil(H/128)] fp32: gate tiles, up tiles
   const uint8_t* w2_fp8 = nullptr;   // [H, I] e4m3fn
   const float* w2_scale = nullptr;   // [ceil(H/128), ceil(I/128)] fp32
+  // The MX form, set instead of w13/w2 when LayerWeights::expert_format() is Mxfp4 or Mxfp8:
+  // w[r][c] = element(r, c) x 2^(scale[r][c / 32] - 127). Mxfp4 rows hold two e2m1 codes a byte,
+  // the even column in the low nibble (gpt-oss's order); Mxfp8 rows one e4m3fn code a byte. The
+  // scales are the checkpoint's e8m0 bytes, never converted (255, NaN, is rejected at load).
+  const uint8_t* w13_mx = nullptr;        // [2I, mx_row_bytes(H)]: gate rows, then up rows
+  const uint8_t* w13_mx_scale = nullptr;  // [2I, H/32] e8m0
+  const uint8_t* w2_mx = nullptr;         // [H, mx_row_bytes(I)]
+  const uint8_t* w2_mx_scale = nullptr;   // [H, I/32] e8m0
+  ExpertFormat mx_format = ExpertFormat::Bf16;  // Mxfp4 or Mxfp8 when w13_mx is set
 };
 
 class LayerWeights {
@@ -76,15 +104,25 @@ class LayerWeights {
   }
   virtual const Bf16* shared_w2() const { return shared_w2_.empty() ? nullptr : shared_w2_.data(); }
 
-  // How the experts and the shared MLP are held: BF16 (expert(e).w13/w2, shared_w13/w2), or
-  // F8_E4M3 (expert(e).w13_fp8/..., the shared_*_fp8 / _scale below; the bf16 ones are null).
-  DType expert_dtype() const { return expert_dtype_; }
+  // How the experts and the shared MLP are held: Bf16 (expert(e).w13/w2, shared_w13/w2),
+  // Fp8Block (expert(e).w13_fp8/..., the shared_*_fp8 / _scale below) or Mxfp4 / Mxfp8
+  // (expert(e).w13_mx/..., shared_*_mx / _mx_scale); the bf16 pointers are null unless Bf16.
+  ExpertFormat expert_format() const { return expert_format_; }
+  // F8_E4M3 for Fp8Block, else BF16 (the MX formats answer through expert_format()).
+  DType expert_dtype() const {
+    return expert_format_ == ExpertFormat::Fp8Block ? DType::F8_E4M3 : DType::BF16;
+  }
   // The shared MLP in fp8, laid out as ExpertView's fp8 fields with I -> Is: w13 [2Is, H],
   // w13 scale [2*ceil(Is/128), ceil(H/128)], w2 [H, Is], w2 scale [ceil(H/128), ceil(Is/128)].
   const uint8_t* shared_w13_fp8() const { return ptr(shared_w13_fp8_); }
   const float* shared_w13_scale() const { return ptr(shared_w13_scale_); }
   const uint8_t* shared_w2_fp8() const { return ptr(shared_w2_fp8_); }
   const float* shared_w2_scale() const { return ptr(shared_w2_scale_); }
+  // The shared MLP in an MX format, laid out as ExpertView's mx fields with I -> Is.
+  const uint8_t* shared_w13_mx() const { return ptr(shared_w13_mx_); }
+  const uint8_t* shared_w13_mx_scale() const { return ptr(shared_w13_mx_scale_); }
+  const uint8_t* shared_w2_mx() const { return ptr(shared_w2_mx_); }
+  const uint8_t* shared_w2_mx_scale() const { return ptr(shared_w2_mx_scale_); }
 
   // Routed expert (e < E) or fused shared slot (E <= e < E + shared_slots()).
   // Thread-safe; materialises on first use; the pointers stay valid for the object's life.
@@ -109,9 +147,10 @@ class LayerWeights {
   std::vector<float> correction_bias_;
   std::vector<Bf16> shared_w13_;
   std::vector<Bf16> shared_w2_;
-  DType expert_dtype_ = DType::BF16;
+  ExpertFormat expert_format_ = ExpertFormat::Bf16;
   std::vector<uint8_t> shared_w13_fp8_, shared_w2_fp8_;
   std::vector<float> shared_w13_scale_, shared_w2_scale_;
+  std::vector<uint8_t> shared_w13_mx_, shared_w13_mx_scale_, shared_w2_mx_, shared_w2_mx_scale_;
 
  private:
   template <typename T>
@@ -125,12 +164,13 @@ class LayerWeights {
 std::unique_ptr<LayerWeights> make_random_weights(const MoeSpec& spec, int layer, uint64_t seed);
 
 struct LoadOptions {
-  // How expert and shared-MLP weights are held. BF16 (the default, and what the CUDA layer
-  // uploads): every float or quantised storage converted to bf16 on first use. F8_E4M3: an fp8
+  // How expert and shared-MLP weights are held. Bf16 (the default, and what the CUDA layer
+  // uploads): every float or quantised storage converted to bf16 on first use. Fp8Block: an fp8
   // block-scale checkpoint's e4m3 bytes kept as stored (mapped in place where the layout allows)
   // with fp32 tile scales, for the fp8 compute paths; any expert tensor that is not F8_E4M3 with
-  // a 128x128 scale is then an error.
-  DType expert_dtype = DType::BF16;
+  // a 128x128 scale is then an error. Mxfp4 / Mxfp8: an MX checkpoint's packed bytes and e8m0
+  // scale bytes kept as stored (io/mx_experts.h); any other storage is then an error.
+  ExpertFormat expert_format = ExpertFormat::Bf16;
 };
 
 // Weights of MoE layer `layer` from a checkpoint directory (*.safetensors, with or without

@@ -21,6 +21,9 @@
 // bf16(fp8 x tile scale), so it equals the bf16 reference on the dequantised checkpoint exactly;
 // W8A8 quantises x per 128 channels, takes per-tile block dot products, and quantises the
 // intermediate h per 128 channels again before the down projection. The router is not quantised.
+// MX weights (expert_format() Mxfp4 / Mxfp8) run weight-only (W4A16 / W8A16, reference_mx.h):
+// each row read as bf16(element x 2^(s-127)), then the bf16 math, so they equal the bf16
+// reference on the same checkpoint loaded as bf16 exactly.
 //
 // Tokens are independent, so forward() splits them across threads; each token's arithmetic is
 // the same sequence whatever the thread count, so results do not depend on it.
@@ -32,6 +35,7 @@
 
 #include "cpu/experts_routing_check.h"
 #include "cpu/reference_fp8.h"
+#include "cpu/reference_mx.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
 
@@ -122,6 +126,8 @@ struct MlpView {
   Fp8Rows gate8, up8, down8;
   Fp8Compute mode = Fp8Compute::W8A8;
   bool ue8m0 = false;  // W8A8 activation scales rounded up to powers of two
+  bool mx = false;     // MX rows instead (reference_mx.h), computed weight-only
+  MxRows gate_mx, up_mx, down_mx;
   int width = 0;
   const float* b_gate = nullptr;  // [width] or null
   const float* b_up = nullptr;    // [width] or null
@@ -170,7 +176,33 @@ void mlp_forward_fp8(const MoeSpec& spec, const MlpView& m, const double* x, dou
   }
 }
 
+// The MX MLP: each weight row dequantised to bf16, then mlp_forward's bf16 arithmetic.
+void mlp_forward_mx(const MoeSpec& spec, const MlpView& m, const double* x, double* out) {
+  const int hidden = spec.hidden;
+  std::vector<double> act(m.width);
+  std::vector<Bf16> row(std::max(hidden, m.width));
+  for (int i = 0; i < m.width; ++i) {
+    dequant_row_mx(m.gate_mx, i, hidden, row.data());
+    double g = dot_bf16(row.data(), x, hidden);
+    dequant_row_mx(m.up_mx, i, hidden, row.data());
+    double u = dot_bf16(row.data(), x, hidden);
+    if (m.b_gate) g += m.b_gate[i];
+    if (m.b_up) u += m.b_up[i];
+    act[i] = activate(spec, g, u);
+  }
+  for (int h = 0; h < hidden; ++h) {
+    dequant_row_mx(m.down_mx, h, m.width, row.data());
+    double acc = dot_bf16(row.data(), act.data(), m.width);
+    if (m.b_down) acc += m.b_down[h];
+    out[h] = acc;
+  }
+}
+
 void mlp_forward(const MoeSpec& spec, const MlpView& m, const double* x, double* out) {
+  if (m.mx) {
+    mlp_forward_mx(spec, m, x, out);
+    return;
+  }
   if (m.fp8) {
     mlp_forward_fp8(spec, m, x, out);
     return;
@@ -207,10 +239,31 @@ void set_fp8(const MoeSpec& spec, const uint8_t* w13, const float* s13, const ui
   m.down8 = {w2, s2, ld, tiles(ld)};
 }
 
+// gate [width, H] and up [width, H] in rows [0, width) and [width, 2 width) of w13, down
+// [H, width]: MX rows of format f with their e8m0 bytes.
+void set_mx(const MoeSpec& spec, ExpertFormat f, const uint8_t* w13, const uint8_t* s13,
+            const uint8_t* w2, const uint8_t* s2, size_t width, MlpView& m) {
+  const size_t H = spec.hidden, row = mx_row_bytes(f, H), gh = H / kMxGroup;
+  m.mx = true;
+  m.gate_mx = {f, w13, s13, row, gh};
+  m.up_mx = {f, w13 + width * row, s13 + width * gh, row, gh};
+  m.down_mx = {f, w2, s2, mx_row_bytes(f, width), width / kMxGroup};
+}
+
 MlpView expert_view(const MoeSpec& spec, const ExpertView& ex, Fp8Compute mode) {
   const int inter = spec.expert_intermediate;
   MlpView m;
-  if (ex.w13_fp8 != nullptr) {
+  if (ex.w13_mx != nullptr) {
+    const ExpertFormat format = ex.mx_format;
+    MK_CHECK(format == ExpertFormat::Mxfp4 || format == ExpertFormat::Mxfp8,
+             "expert holds MX weights, but its mx_format is " << expert_format_name(format));
+    MK_CHECK(ex.w13_mx_scale != nullptr && ex.w2_mx != nullptr && ex.w2_mx_scale != nullptr,
+             "MX expert weights are incomplete (w13 " << static_cast<const void*>(ex.w13_mx)
+                                                      << ", w2 "
+                                                      << static_cast<const void*>(ex.w2_mx)
+                                                      << ")");
+    set_mx(spec, format, ex.w13_mx, ex.w13_mx_scale, ex.w2_mx, ex.w2_mx_scale, inter, m);
+  } else if (ex.w13_fp8 != nullptr) {
     MK_CHECK(ex.w13_scale != nullptr && ex.w2_fp8 != nullptr && ex.w2_scale != nullptr,
              "fp8 expert weights are incomplete (w13 " << static_cast<const void*>(ex.w13_fp8)
                                                        << ", w2 "
@@ -241,7 +294,14 @@ MlpView shared_view(const LayerWeights& w, Fp8Compute mode) {
   MK_CHECK(spec.shared_kind != SharedKind::None && width > 0,
            spec.name << " has no shared expert (shared_intermediate " << width << ")");
   MlpView m;
-  if (w.expert_dtype() == DType::F8_E4M3) {
+  const ExpertFormat f = w.expert_format();
+  if (f == ExpertFormat::Mxfp4 || f == ExpertFormat::Mxfp8) {
+    MK_CHECK(w.shared_w13_mx() && w.shared_w13_mx_scale() && w.shared_w2_mx() &&
+                 w.shared_w2_mx_scale(),
+             expert_format_name(f) << " shared expert weights of " << spec.name << " are missing");
+    set_mx(spec, f, w.shared_w13_mx(), w.shared_w13_mx_scale(), w.shared_w2_mx(),
+           w.shared_w2_mx_scale(), width, m);
+  } else if (f == ExpertFormat::Fp8Block) {
     MK_CHECK(w.shared_w13_fp8() && w.shared_w13_scale() && w.shared_w2_fp8() &&
                  w.shared_w2_scale(),
              "fp8 shared expert weights of " << spec.name << " are missing");

@@ -185,6 +185,12 @@ std::vector<std::string> scale_names(const std::string& weight_name) {
   return out;
 }
 
+std::vector<std::string> mx_scale_names(const std::string& weight_name) {
+  std::vector<std::string> out = scale_names(weight_name);
+  out.insert(out.begin() + 1, weight_name + "_scale");
+  return out;
+}
+
 }  // namespace io
 
 std::vector<std::string> checkpoint_tensor_names(const MoeSpec& spec, int layer,

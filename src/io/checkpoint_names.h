@@ -41,5 +41,9 @@ std::string expand(const std::string& pattern, int layer, int expert = -1);
 // Names of an fp8 weight's block-scale tensor, in the order a loader tries them:
 // "<name>_scale_inv" (DeepSeek-V3, Kimi, GLM), "<name minus .weight>.scale" (DeepSeek-V4).
 std::vector<std::string> scale_names(const std::string& weight_name);
+// Names of an mxfp8 weight's e8m0 scale tensor, in the order a loader tries them:
+// "<name>_scale_inv" (the fp8 checkpoints' spelling, kept by MiniMax-style exports),
+// "<name>_scale" (NVIDIA ModelOpt / vLLM's ModelOptMxFp8 "weight_scale"), "<base>.scale".
+std::vector<std::string> mx_scale_names(const std::string& weight_name);
 
 }  // namespace moekit::io

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/checkpoint_names.h"
+#include "io/mx_experts.h"
 #include "io/tensor_convert.h"
 #include "moekit/checkpoint.h"
 #include "moekit/error.h"
@@ -25,8 +26,8 @@ namespace fs = std::filesystem;
 class TensorSet {
  public:
   // pow2_scales: fp8 tile scales rounded up to powers of two (a config with scale_fmt ue8m0)
-  TensorSet(CheckpointNaming naming, DType expert_dtype, bool pow2_scales)
-      : naming_(naming), expert_dtype_(expert_dtype), pow2_scales_(pow2_scales) {}
+  TensorSet(CheckpointNaming naming, DType expert_dtype, bool mxfp8, bool pow2_scales)
+      : naming_(naming), expert_dtype_(expert_dtype), mxfp8_(mxfp8), pow2_scales_(pow2_scales) {}
 
   std::vector<uint8_t>& add(const std::string& name, DType dtype, std::vector<int64_t> shape,
                             size_t bytes) {
@@ -46,6 +47,17 @@ class TensorSet {
   void add_weight(const std::string& name, std::vector<int64_t> shape, const Bf16* src,
                   size_t count, size_t rows, size_t cols) {
     const size_t n = count * rows * cols;
+    if (mxfp8_) {
+      std::vector<int64_t> sshape = shape;
+      sshape.back() = static_cast<int64_t>(cols / kMxGroup);
+      auto& q = add(name, DType::F8_E4M3, std::move(shape), n);
+      auto& s = add(name + "_scale", DType::F8_E4M3, std::move(sshape), n / kMxGroup);
+      u8_[name + "_scale"] = "U8";
+      for (size_t r = 0; r < count * rows; ++r)
+        io::mx_quantize_row(ExpertFormat::Mxfp8, src + r * cols, cols, q.data() + r * cols,
+                            s.data() + r * (cols / kMxGroup));
+      return;
+    }
     switch (expert_dtype_) {
       case DType::BF16:
         std::memcpy(add(name, DType::BF16, std::move(shape), n * 2).data(), src, n * 2);
@@ -85,12 +97,35 @@ class TensorSet {
     }
   }
 
+  // gpt-oss MXFP4: `experts` matrices [rows, cols] as _blocks [E, rows, cols/32, 16] and
+  // _scales [E, rows, cols/32] (U8); row_of(e, r) gives checkpoint row r of expert e's matrix.
+  template <typename RowOf>
+  void add_mxfp4(const std::string& base, size_t experts, size_t rows, size_t cols,
+                 RowOf row_of) {
+    const int64_t e64 = experts, r64 = rows, g64 = cols / kMxGroup;
+    auto& q = add(base + "_blocks", DType::F8_E4M3, {e64, r64, g64, 16}, experts * rows * cols / 2);
+    auto& s = add(base + "_scales", DType::F8_E4M3, {e64, r64, g64}, experts * rows * g64);
+    u8_[base + "_blocks"] = "U8";
+    u8_[base + "_scales"] = "U8";
+    for (size_t e = 0; e < experts; ++e) {
+      for (size_t r = 0; r < rows; ++r) {
+        const size_t at = e * rows + r;
+        io::mx_quantize_row(ExpertFormat::Mxfp4, row_of(e, r), cols, q.data() + at * cols / 2,
+                            s.data() + at * g64);
+      }
+    }
+  }
+
   const std::map<std::string, SafetensorsWriteTensor>& tensors() const { return tensors_; }
+  // Tensors whose bytes are U8 (written with the U8 dtype name; DType has no U8).
+  const std::map<std::string, std::string>& u8() const { return u8_; }
 
  private:
   CheckpointNaming naming_;
   DType expert_dtype_;
+  bool mxfp8_;
   bool pow2_scales_;
+  std::map<std::string, std::string> u8_;
   std::deque<std::vector<uint8_t>> buffers_;
   std::map<std::string, SafetensorsWriteTensor> tensors_;
 };
@@ -146,13 +181,29 @@ std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
   const size_t E = spec.num_experts, H = spec.hidden, I = spec.expert_intermediate;
   const size_t Is = spec.shared_intermediate;
   const int64_t e64 = E, h64 = H, i64 = I, is64 = Is;
-  MK_CHECK(o.expert_dtype != DType::F8_E4M3 || !s.interleaved,
+  const bool fp8 = o.expert_dtype == DType::F8_E4M3 || o.expert_format == ExpertFormat::Fp8Block;
+  const bool mxfp4 = o.expert_format == ExpertFormat::Mxfp4;
+  const bool mxfp8 = o.expert_format == ExpertFormat::Mxfp8;
+  MK_CHECK(!fp8 || !s.interleaved,
            "save_checkpoint: the gpt-oss naming has no fp8 block-scale form; use BF16, F16 or F32");
-  MK_CHECK(w.expert_dtype() == DType::BF16,
+  MK_CHECK(!(mxfp4 || mxfp8) || o.expert_dtype == DType::BF16,
+           "save_checkpoint: expert format " << expert_format_name(o.expert_format)
+                                             << " quantises the bf16 weights; expert_dtype must be "
+                                             << "BF16, got " << dtype_name(o.expert_dtype));
+  MK_CHECK(!mxfp4 || s.interleaved,
+           "save_checkpoint: mxfp4 is written in gpt-oss's _blocks / _scales form only; naming "
+               << checkpoint_naming_name(naming) << " has none (use mxfp8)");
+  MK_CHECK(!mxfp8 || !s.interleaved,
+           "save_checkpoint: the gpt-oss naming publishes mxfp4, not mxfp8");
+  MK_CHECK(!(mxfp4 || mxfp8) || (H % kMxGroup == 0 && I % kMxGroup == 0 && Is % kMxGroup == 0),
+           "save_checkpoint: " << expert_format_name(o.expert_format)
+                               << " needs H, I and the shared width divisible by 32, got H = " << H
+                               << ", I = " << I << ", Is = " << Is);
+  MK_CHECK(w.expert_format() == ExpertFormat::Bf16,
            "save_checkpoint: the weights of " << w.origin() << " are held in "
-                                              << dtype_name(w.expert_dtype())
-                                              << "; load them with expert dtype BF16 to save");
-  TensorSet out(naming, o.expert_dtype, spec.quant.scale_ue8m0);
+                                              << expert_format_name(w.expert_format())
+                                              << "; load them with expert format bf16 to save");
+  TensorSet out(naming, fp8 ? DType::F8_E4M3 : o.expert_dtype, mxfp8, spec.quant.scale_ue8m0);
 
   // Router (in the weights' router dtype), Qwen2's shared gate row apart.
   const size_t rsize = dtype_size(w.router_dtype());
@@ -179,7 +230,30 @@ std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
   }
 
   // Routed experts.
-  if (s.interleaved) {
+  if (mxfp4) {
+    // gpt-oss MXFP4: gate_up rows interleaved (row 2i gate i, row 2i+1 up i) along H; down
+    // rows h along I: the [E, 2I, H] / [E, H, I] matrices before transformers' transpose.
+    std::vector<ExpertView> x(E);
+    for (size_t e = 0; e < E; ++e) x[e] = w.expert(static_cast<int>(e));
+    out.add_mxfp4(p + s.stacked_gate_up, E, 2 * I, H, [&](size_t e, size_t r) {
+      return x[e].w13 + ((r % 2 ? I : 0) + r / 2) * H;
+    });
+    out.add_mxfp4(p + s.stacked_down, E, H, I, [&](size_t e, size_t r) {
+      return x[e].w2 + r * I;
+    });
+    if (spec.has_expert_bias) {
+      std::vector<float> gub(E * 2 * I), db(E * H);
+      for (size_t e = 0; e < E; ++e) {
+        for (size_t i = 0; i < I && x[e].b13; ++i) {
+          gub[e * 2 * I + 2 * i] = x[e].b13[i];
+          gub[e * 2 * I + 2 * i + 1] = x[e].b13[I + i];
+        }
+        for (size_t h = 0; h < H && x[e].b2; ++h) db[e * H + h] = x[e].b2[h];
+      }
+      out.add_f32(p + s.stacked_gate_up_bias, {e64, 2 * i64}, gub.data(), gub.size());
+      out.add_f32(p + s.stacked_down_bias, {e64, h64}, db.data(), db.size());
+    }
+  } else if (s.interleaved) {
     // gpt-oss: gate_up [E, H, 2I] with gate in even columns, down [E, I, H] (x . W layout).
     std::vector<Bf16> gu(E * H * 2 * I), dn(E * I * H);
     std::vector<float> gub(E * 2 * I), db(E * H);
@@ -243,7 +317,8 @@ std::string save_checkpoint(const LayerWeights& w, const std::string& dir,
   write_safetensors(path, out.tensors(),
                     {{"format", "pt"},
                      {"moekit_origin", w.origin()},
-                     {"moekit_naming", checkpoint_naming_name(naming)}});
+                     {"moekit_naming", checkpoint_naming_name(naming)}},
+                    out.u8());
   merge_index(dir, file, out.tensors());
   return path;
 }

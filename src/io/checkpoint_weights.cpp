@@ -8,8 +8,10 @@
 // gate_up_proj slice) is used in place in the mapping, so its pages come from disk only when a
 // kernel touches them; anything else (gate and up in separate tensors, F16/F32/F8 storage, gpt-oss
 // transposed or MXFP4 layouts) is converted into an owned bf16 buffer once. With
-// LoadOptions::expert_dtype F8_E4M3 the experts and the shared MLP stay e4m3 bytes + fp32 tile
-// scales instead (io/fp8_experts.h), and every expert tensor must be F8_E4M3.
+// LoadOptions::expert_format Fp8Block the experts and the shared MLP stay e4m3 bytes + fp32 tile
+// scales instead (io/fp8_experts.h), and every expert tensor must be F8_E4M3; with Mxfp4 / Mxfp8
+// they stay packed bytes + e8m0 scale bytes (io/mx_experts.h). An mxfp8 config (quant_method
+// mxfp8) makes every F8_E4M3 expert matrix read with a 1x32 e8m0 scale, in either format.
 //
 // Every value read is checked for finiteness: router, biases and shared MLP at load, a routed
 // expert when it is materialised (after any dequantisation, so a scale that overflows bf16 is
@@ -31,6 +33,7 @@
 #include "io/fp8_experts.h"
 #include "io/lazy_experts.h"
 #include "io/matrix_source.h"
+#include "io/mx_experts.h"
 #include "io/tensor_convert.h"
 #include "moekit/checkpoint.h"
 #include "moekit/error.h"
@@ -155,7 +158,16 @@ class LayerTensors {
                                                            "F8_E4M3, got "
                                                         << info.dtype_name);
     m.dtype = info.dtype;
-    if (m.dtype == DType::F8_E4M3) {
+    if (m.dtype == DType::F8_E4M3 && spec_.quant.kind == QuantKind::Mxfp8) {
+      // mxfp8 (the config's quant_method): one e8m0 byte per 32 input elements of each row
+      MK_CHECK(cols % io::kMxBlock == 0,
+               "checkpoint tensor " << m.w.where() << " (" << what << "): rows of " << cols
+                                    << " columns are not a whole number of 32-element mxfp8 "
+                                    << "blocks (quantization_config.weight_block_size [1, 32])");
+      m.mx8 = true;
+      m.scale = find_mx_scale(m.w, with(rows, cols / io::kMxBlock), what);
+      m.scale_offset = static_cast<size_t>(index) * rows * (cols / io::kMxBlock);
+    } else if (m.dtype == DType::F8_E4M3) {
       const size_t rb = io::ceil_div(rows, io::kFp8Block), kb = io::ceil_div(cols, io::kFp8Block);
       m.scale = find_scale(m.w, with(rb, kb), what, "128x128 blocks");
       m.scale_offset = static_cast<size_t>(index) * rb * kb;
@@ -164,6 +176,30 @@ class LayerTensors {
   }
 
  private:
+  // The e8m0 scale of an mxfp8 weight: U8 or F8_E8M0 bytes, [.., rows, cols/32].
+  TensorRef find_mx_scale(const TensorRef& w, const std::vector<int64_t>& shape,
+                          const std::string& what) {
+    const std::vector<std::string> candidates = io::mx_scale_names(w.name());
+    TensorRef scale;
+    for (const std::string& sn : candidates) {
+      if ((scale = dir_.find(sn))) break;
+    }
+    MK_CHECK(scale, "checkpoint tensor " << w.where() << " (" << what
+                                         << ") is F8_E4M3 in an mxfp8 checkpoint but has no e8m0 "
+                                         << "scale: tried " << quoted_list(candidates));
+    MK_CHECK(scale.shape() == shape, "checkpoint tensor " << scale.where() << " (mxfp8 scale of "
+                                                          << what << "): expected shape "
+                                                          << shape_str(shape)
+                                                          << " (one per 1x32 block), got "
+                                                          << shape_str(scale.shape()));
+    const std::string& d = scale.info->dtype_name;
+    MK_CHECK(d == "U8" || d == "F8_E8M0",
+             "checkpoint tensor " << scale.where() << " (mxfp8 scale of " << what
+                                  << "): expected dtype U8 or F8_E8M0 (e8m0 exponent bytes), got "
+                                  << d);
+    return scale;
+  }
+
   TensorRef find_scale(const TensorRef& w, const std::vector<int64_t>& shape,
                        const std::string& what, const char* blocks) {
     const std::vector<std::string> candidates = io::scale_names(w.name());
@@ -205,11 +241,9 @@ class CheckpointLayerWeights final : public LayerWeights {
     const int64_t E = spec.num_experts, H = spec.hidden, I = spec.expert_intermediate;
     const int64_t Is = spec.shared_intermediate;
     naming_ = s.naming;
-    MK_CHECK(options.expert_dtype == DType::BF16 || options.expert_dtype == DType::F8_E4M3,
-             "load_checkpoint_weights: expected expert dtype BF16 or F8_E4M3, got "
-                 << dtype_name(options.expert_dtype));
-    expert_dtype_ = options.expert_dtype;
-    const bool fp8 = expert_dtype_ == DType::F8_E4M3;
+    expert_format_ = options.expert_format;
+    const bool fp8 = expert_format_ == ExpertFormat::Fp8Block;
+    const bool mx = expert_format_ == ExpertFormat::Mxfp4 || expert_format_ == ExpertFormat::Mxfp8;
 
     load_router(t);
 
@@ -268,6 +302,7 @@ class CheckpointLayerWeights final : public LayerWeights {
     }
 
     if (fp8) check_fp8_experts();
+    if (mx) check_mx_experts();
 
     // Shared MLP, read now: every token uses it.
     if (spec.shared_kind != SharedKind::None) {
@@ -276,6 +311,8 @@ class CheckpointLayerWeights final : public LayerWeights {
                                                << " naming has none");
       if (fp8) {
         load_shared_fp8(t);
+      } else if (mx) {
+        load_shared_mx(t);
       } else {
         const size_t h = H, is = Is;
         shared_w13_.resize(2 * is * h);
@@ -295,7 +332,9 @@ class CheckpointLayerWeights final : public LayerWeights {
   std::string origin() const override {
     return "checkpoint " + escape_text(dir_.path()) + " (" + checkpoint_naming_name(naming_) + " naming, " +
            form_name(form_) + " experts" +
-           (expert_dtype_ == DType::F8_E4M3 ? ", kept in fp8)" : ")");
+           (expert_format_ == ExpertFormat::Bf16
+                ? std::string(")")
+                : std::string(", kept in ") + expert_format_name(expert_format_) + ")");
   }
 
  private:
@@ -321,6 +360,98 @@ class CheckpointLayerWeights final : public LayerWeights {
       if (form_ == ExpertForm::PerExpert) io::require_fp8(src.up, "up_proj");
       io::require_fp8(src.down, "down_proj");
     }
+  }
+
+  // With the experts kept in an MX format: Mxfp4 is gpt-oss's _blocks / _scales form; Mxfp8
+  // takes per-expert or stacked F8_E4M3 matrices with 1x32 e8m0 scales (quant_method mxfp8).
+  void check_mx_experts() const {
+    const char* want = expert_format_name(expert_format_);
+    if (expert_format_ == ExpertFormat::Mxfp4) {
+      MK_CHECK(form_ == ExpertForm::GptOssMxfp4,
+               "checkpoint " << dir_.path() << ": " << form_name(form_)
+                             << " experts have no mxfp4 form (expected gpt-oss's "
+                             << "gate_up_proj_blocks / _scales); load them as bf16");
+      return;
+    }
+    MK_CHECK(spec_.quant.kind == QuantKind::Mxfp8,
+             "checkpoint " << dir_.path() << ": expert format " << want << " needs a config whose "
+                           << "quantization_config.quant_method is mxfp8, got "
+                           << quant_kind_name(spec_.quant.kind));
+    MK_CHECK(form_ == ExpertForm::PerExpert || form_ == ExpertForm::Stacked,
+             "checkpoint " << dir_.path() << ": " << form_name(form_)
+                           << " experts have no mxfp8 form; load them as bf16");
+    for (const PerExpertSrc& src : per_expert_) {
+      const bool stacked = form_ == ExpertForm::Stacked;
+      io::require_mxfp8(src.gate, stacked ? "stacked gate_up_proj" : "gate_proj");
+      if (form_ == ExpertForm::PerExpert) io::require_mxfp8(src.up, "up_proj");
+      io::require_mxfp8(src.down, "down_proj");
+    }
+  }
+
+  void load_shared_mx(LayerTensors& t) {
+    MK_CHECK(expert_format_ == ExpertFormat::Mxfp8,
+             "spec " << spec_.name << " has a shared expert, which moekit reads in mxfp4 only "
+                     << "from gpt-oss's expert tensors; load the layer as bf16");
+    const io::NameScheme& s = t.scheme();
+    const size_t H = spec_.hidden, Is = spec_.shared_intermediate;
+    const io::MatrixSrc gate = t.matrix(s.shared_gate, Is, H, "shared gate_proj, Is x H");
+    const io::MatrixSrc up = t.matrix(s.shared_up, Is, H, "shared up_proj, Is x H");
+    const io::MatrixSrc down = t.matrix(s.shared_down, H, Is, "shared down_proj, H x Is");
+    io::require_mxfp8(gate, "shared gate_proj");
+    io::require_mxfp8(up, "shared up_proj");
+    io::require_mxfp8(down, "shared down_proj");
+    io::ExpertStorage st;
+    io::build_mxfp8_mlp(gate, &up, down, Is, H, where("shared gate/up weight [2Is, H]"),
+                        where("shared down weight [H, Is]"), st);
+    shared_w13_mx_ = std::move(st.w13_mx);
+    shared_w13_mx_scale_ = std::move(st.w13_mx_scale);
+    shared_w2_mx_.assign(st.view.w2_mx, st.view.w2_mx + H * Is);
+    shared_w2_mx_scale_.assign(st.view.w2_mx_scale, st.view.w2_mx_scale + H * (Is / io::kMxBlock));
+  }
+
+  // Expert e in an MX format: packed bytes and e8m0 bytes, in place where one tensor holds them.
+  void build_mx(int e, io::ExpertStorage& out) const {
+    if (e >= spec_.num_experts) {
+      io::repack_shared_slot_mx(spec_, *this, e - spec_.num_experts, out);
+      return;
+    }
+    const size_t H = spec_.hidden, I = spec_.expert_intermediate;
+    const std::string ex = "expert " + std::to_string(e);
+    if (expert_format_ == ExpertFormat::Mxfp4) {
+      auto bytes = [](const TensorRef& t) {
+        return static_cast<const uint8_t*>(t.file->raw_data(t.name()));
+      };
+      const size_t g = H / io::kMxBlock, gi = I / io::kMxBlock;
+      io::build_gpt_oss_mxfp4(bytes(gate_up_) + e * 2 * I * H / 2,
+                              bytes(gate_up_scales_) + e * 2 * I * g,
+                              bytes(down_) + e * H * I / 2, bytes(down_scales_) + e * H * gi, I,
+                              H, where(ex + " gate/up blocks [2I, H/2]"),
+                              where(ex + " down blocks [H, I/2]"), out);
+    } else {
+      const PerExpertSrc& src = per_expert_[e];
+      io::build_mxfp8_mlp(src.gate, form_ == ExpertForm::Stacked ? nullptr : &src.up, src.down, I,
+                          H, where(ex + " gate/up weight [2I, H]"),
+                          where(ex + " down weight [H, I]"), out);
+    }
+    read_biases(e, out);
+    out.view_owned();
+    io::check_finite(out.view.b13, 1, out.view.b13 ? 2 * I : 0, where(ex + " gate/up bias"));
+    io::check_finite(out.view.b2, 1, out.view.b2 ? H : 0, where(ex + " down bias"));
+  }
+
+  // gpt-oss's biases: gate_up_proj_bias is interleaved like the gate_up rows (gate even, up odd).
+  void read_biases(int e, io::ExpertStorage& out) const {
+    if (!spec_.has_expert_bias || !gate_up_bias_) return;
+    const size_t H = spec_.hidden, I = spec_.expert_intermediate;
+    std::vector<float> b(2 * I);
+    read_f32(gate_up_bias_, e * 2 * I, 2 * I, b.data());
+    out.b13.resize(2 * I);
+    for (size_t i = 0; i < I; ++i) {
+      out.b13[i] = b[2 * i];
+      out.b13[I + i] = b[2 * i + 1];
+    }
+    out.b2.resize(H);
+    read_f32(down_bias_, e * H, H, out.b2.data());
   }
 
   void load_shared_fp8(LayerTensors& t) {
@@ -454,8 +585,12 @@ class CheckpointLayerWeights final : public LayerWeights {
   }
 
   void build(int e, io::ExpertStorage& out) const {
-    if (expert_dtype_ == DType::F8_E4M3) {
+    if (expert_format_ == ExpertFormat::Fp8Block) {
       build_fp8(e, out);
+      return;
+    }
+    if (expert_format_ == ExpertFormat::Mxfp4 || expert_format_ == ExpertFormat::Mxfp8) {
+      build_mx(e, out);
       return;
     }
     if (e >= spec_.num_experts) {
@@ -494,18 +629,7 @@ class CheckpointLayerWeights final : public LayerWeights {
         build_gpt_oss_mxfp4(e, out);
         break;
     }
-    if (spec_.has_expert_bias && gate_up_bias_) {
-      // gate_up_proj_bias is interleaved like the gate_up columns: gate even, up odd.
-      std::vector<float> b(2 * I);
-      read_f32(gate_up_bias_, e * 2 * I, 2 * I, b.data());
-      out.b13.resize(2 * I);
-      for (size_t i = 0; i < I; ++i) {
-        out.b13[i] = b[2 * i];
-        out.b13[I + i] = b[2 * i + 1];
-      }
-      out.b2.resize(H);
-      read_f32(down_bias_, e * H, H, out.b2.data());
-    }
+    read_biases(e, out);
     out.view_owned();
     const std::string ex = "expert " + std::to_string(e);
     io::check_finite(out.view.w13, 2 * I, H, where(ex + " gate/up weight [2I, H]"));

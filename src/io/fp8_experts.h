@@ -1,4 +1,4 @@
-// Keeping fp8 block-scale weights as they are stored (LoadOptions::expert_dtype = F8_E4M3): the
+// Keeping fp8 block-scale weights as they are stored (LoadOptions::expert_format = Fp8Block): the
 // checks and copies that turn a checkpoint's F8_E4M3 matrices and their scale tensors into
 // ExpertView's fp8 fields (weights.h). Used by load_checkpoint_weights (checkpoint_weights.cpp).
 //

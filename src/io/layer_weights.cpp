@@ -16,6 +16,28 @@
 
 namespace moekit {
 
+const char* expert_format_name(ExpertFormat f) {
+  switch (f) {
+    case ExpertFormat::Bf16:
+      return "bf16";
+    case ExpertFormat::Fp8Block:
+      return "fp8";
+    case ExpertFormat::Mxfp4:
+      return "mxfp4";
+    case ExpertFormat::Mxfp8:
+      return "mxfp8";
+  }
+  return "?";
+}
+
+ExpertFormat parse_expert_format(const std::string& s) {
+  for (ExpertFormat f :
+       {ExpertFormat::Bf16, ExpertFormat::Fp8Block, ExpertFormat::Mxfp4, ExpertFormat::Mxfp8}) {
+    if (s == expert_format_name(f)) return f;
+  }
+  MK_FAIL("unknown expert format '" << s << "' (expected bf16, fp8, mxfp4 or mxfp8)");
+}
+
 void LayerWeights::prefetch(const std::vector<int>& experts) const {
   if (experts.empty()) return;
   // Materialising an expert is a fill or a page-in plus conversion of ~10-90 MB: spread the

@@ -22,8 +22,10 @@ struct ExpertStorage {
   // Owned buffers; a source may instead point the view straight at mapped file pages.
   std::vector<Bf16> w13, w2;
   std::vector<float> b13, b2;
-  std::vector<uint8_t> w13_fp8, w2_fp8;  // the fp8 form (LoadOptions::expert_dtype F8_E4M3)
+  std::vector<uint8_t> w13_fp8, w2_fp8;  // the fp8 form (LoadOptions::expert_format Fp8Block)
   std::vector<float> w13_scale, w2_scale;
+  // the MX form (LoadOptions::expert_format Mxfp4 / Mxfp8): packed bytes and e8m0 scale bytes
+  std::vector<uint8_t> w13_mx, w2_mx, w13_mx_scale, w2_mx_scale;
   ExpertView view;
   // Point the view at the owned buffers that are non-empty (call after filling them).
   void view_owned() {
@@ -35,6 +37,10 @@ struct ExpertStorage {
     if (!w2_fp8.empty()) view.w2_fp8 = w2_fp8.data();
     if (!w13_scale.empty()) view.w13_scale = w13_scale.data();
     if (!w2_scale.empty()) view.w2_scale = w2_scale.data();
+    if (!w13_mx.empty()) view.w13_mx = w13_mx.data();
+    if (!w2_mx.empty()) view.w2_mx = w2_mx.data();
+    if (!w13_mx_scale.empty()) view.w13_mx_scale = w13_mx_scale.data();
+    if (!w2_mx_scale.empty()) view.w2_mx_scale = w2_mx_scale.data();
   }
 };
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "io/mx_experts.h"
 #include "io/tensor_convert.h"
 
 namespace moekit::io {
@@ -35,6 +36,15 @@ void read_bf16(const MatrixSrc& m, Bf16* out) {
   }
   const uint8_t* base = static_cast<const uint8_t*>(m.w.file->data(m.w.name()));
   const size_t count = m.rows * m.cols;
+  if (m.mx8) {
+    const uint8_t* scale =
+        static_cast<const uint8_t*>(m.scale.file->raw_data(m.scale.name())) + m.scale_offset;
+    const size_t groups = m.cols / kMxBlock;
+    for (size_t r = 0; r < m.rows; ++r)
+      mx_decode_row(ExpertFormat::Mxfp8, base + m.offset + r * m.cols, scale + r * groups, m.cols,
+                    out + r * m.cols);
+    return;
+  }
   if (m.dtype == DType::F8_E4M3) {
     dequant_fp8_block(base + m.offset, m.rows, m.cols, m.scale.info->dtype_name,
                       m.scale.file->raw_data(m.scale.name()), m.scale_offset, out, m.scale.where());

@@ -17,7 +17,8 @@ struct MatrixSrc {
   size_t rows = 0, cols = 0;
   DType dtype = DType::BF16;
   bool fp4 = false;  // packed e2m1, two per byte: offset counts bytes
-  TensorRef scale;   // F8_E4M3: [ceil(rows/128), ceil(cols/128)]; fp4: [rows, cols/32]
+  bool mx8 = false;  // F8_E4M3 with a 1x32 e8m0 scale (an mxfp8 checkpoint)
+  TensorRef scale;   // F8_E4M3: [ceil(rows/128), ceil(cols/128)]; fp4, mx8: [rows, cols/32]
   size_t scale_offset = 0;
 };
 

@@ -34,7 +34,7 @@ std::unique_ptr<LayerWeights> fp8_layer(const MoeSpec& spec, uint64_t seed,
   const std::string dir = scratch_dir(tag);
   write_fp8_checkpoint(spec, spec.moe_layers.front(), seed, false, dir);
   LoadOptions lo;
-  lo.expert_dtype = DType::F8_E4M3;
+  lo.expert_format = ExpertFormat::Fp8Block;
   return load_checkpoint_weights(spec, spec.moe_layers.front(), dir, lo);
 }
 

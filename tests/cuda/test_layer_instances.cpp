@@ -42,7 +42,7 @@ TEST_P(GpuLayerInstance, MatchesCpuReferenceAndItself) {
     const std::string dir = scratch_dir();
     write_fp8_checkpoint(spec, spec.moe_layers.front(), 200 + index, false, dir);
     LoadOptions lo;
-    lo.expert_dtype = DType::F8_E4M3;
+    lo.expert_format = ExpertFormat::Fp8Block;
     w = load_checkpoint_weights(spec, spec.moe_layers.front(), dir, lo);
   } else {
     w = make_random_weights(spec, spec.moe_layers.front(), 200 + index);

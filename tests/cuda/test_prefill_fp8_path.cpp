@@ -2,7 +2,7 @@
 // against the CPU reference forward in W8A8 (cpu_reference::forward, Fp8Compute::W8A8, fused
 // shared slot), on a DeepSeek-V3 config shrunk to H 512, I 256, 8 experts, top-k 4 and its one
 // shared expert as a fused slot (the ninth weight row), written as an fp8 checkpoint by the
-// project's writer and loaded with LoadOptions::expert_dtype = F8_E4M3; 200 and 1000 tokens,
+// project's writer and loaded with LoadOptions::expert_format = Fp8Block; 200 and 1000 tokens,
 // fresh random weights and inputs each run. The GPU takes the reference's routing (ids, weights),
 // so the experts and the combine are what is compared. y and the workspace are poisoned first.
 //
@@ -169,7 +169,7 @@ struct Fp8Case {
     seed = std::random_device{}();
     test::write_fp8_checkpoint(spec, layer, seed, false, dir);
     LoadOptions opts;
-    opts.expert_dtype = DType::F8_E4M3;
+    opts.expert_format = ExpertFormat::Fp8Block;
     w = load_checkpoint_weights(spec, layer, dir, opts);
     EXPECT_EQ(w->expert_dtype(), DType::F8_E4M3);
     std::mt19937 rng(static_cast<uint32_t>(seed));

@@ -68,10 +68,14 @@ void inspect(const std::string& model, bool as_json) {
                                {"layers", s.moe_layers.size()}}})},
   };
   if (s.num_hash_layers > 0) j["hash_routed_layers"] = s.num_hash_layers;
-  // The checkpoint's own format: fp8 experts are read as e4m3 bytes + fp32 tile scales.
+  // The checkpoint's own format: fp8 experts are read as e4m3 bytes + fp32 tile scales, MX
+  // experts as packed elements + one e8m0 byte per 32 (--expert-dtype fp8 / mxfp4 / mxfp8).
   const bool fp8 = s.fp8_experts();
-  const double stored_expert = static_cast<double>(fp8 ? s.fp8_expert_bytes() : s.expert_bytes());
-  const double stored_shared = static_cast<double>(fp8 ? s.fp8_shared_bytes() : s.shared_bytes());
+  const bool mx = s.mx_experts();
+  const double stored_expert = static_cast<double>(
+      fp8 ? s.fp8_expert_bytes() : mx ? s.mx_expert_bytes() : s.expert_bytes());
+  const double stored_shared = static_cast<double>(
+      fp8 ? s.fp8_shared_bytes() : mx ? s.mx_shared_bytes() : s.shared_bytes());
   const double stored_token = stored_expert * s.top_k + stored_shared + s.router_bytes();
   nlohmann::json q = {{"kind", quant_kind_name(s.quant.kind)}};
   if (fp8) {
@@ -79,9 +83,15 @@ void inspect(const std::string& model, bool as_json) {
     q["scale_fmt"] = s.quant.scale_ue8m0 ? "ue8m0" : "float32";
     q["activation_scheme"] = s.quant.activation_scheme;
   }
+  if (mx) {
+    q["weight_block_size"] = {s.quant.block_out, s.quant.block_in};
+    q["element"] = s.quant.kind == QuantKind::Mxfp4 ? "e2m1" : "e4m3";
+    q["scale"] = "e8m0";
+    q["compute"] = s.quant.kind == QuantKind::Mxfp4 ? "w4a16" : "w8a16";
+  }
   if (s.quant.kind != QuantKind::None) q["modules_to_not_convert"] = s.quant.modules_to_not_convert;
   j["quantization"] = q;
-  j["stored_expert_dtype"] = fp8 ? "F8_E4M3" : "BF16";
+  j["stored_expert_dtype"] = fp8 ? "F8_E4M3" : mx ? quant_kind_name(s.quant.kind) : "BF16";
   j["stored_bytes_per_expert"] = stored_expert;
   j["stored_bytes_experts_per_layer"] = stored_expert * s.num_experts;
   j["stored_bytes_shared_per_layer"] = stored_shared;
@@ -129,8 +139,18 @@ void inspect(const std::string& model, bool as_json) {
                 human_bytes(stored_expert).c_str(), human_bytes(stored_shared).c_str(),
                 human_bytes(stored_token).c_str(),
                 human_bytes(stored_token * static_cast<double>(s.moe_layers.size())).c_str());
-  } else if (s.quant.kind == QuantKind::Mxfp4) {
-    std::printf("quantisation     mxfp4 (e2m1 experts, e8m0 scale per 32), dequantised to bf16\n");
+  } else if (mx) {
+    const bool fp4 = s.quant.kind == QuantKind::Mxfp4;
+    std::printf("quantisation     %s (%s experts, one e8m0 byte per 1x32), kept packed with "
+                "--expert-dtype %s (%s, CPU)\n",
+                quant_kind_name(s.quant.kind), fp4 ? "e2m1" : "e4m3",
+                quant_kind_name(s.quant.kind), fp4 ? "W4A16" : "W8A16");
+    std::printf("bytes packed     experts %s (%s each), shared %s per layer; %s per layer touched "
+                "at 1 token, %s per decode step\n",
+                human_bytes(stored_expert * s.num_experts).c_str(),
+                human_bytes(stored_expert).c_str(), human_bytes(stored_shared).c_str(),
+                human_bytes(stored_token).c_str(),
+                human_bytes(stored_token * static_cast<double>(s.moe_layers.size())).c_str());
   }
   std::printf("router GEMM      (K, N) = (%d, %d) %s%s, once per MoE layer\n", s.hidden,
               s.router_columns(), dtype_name(s.router_dtype),

@@ -28,7 +28,8 @@ struct RunOptions {
   std::string fuse = "auto";
   std::string device = "auto";
   std::string backend = "fast";
-  std::string expert_dtype = "bf16";  // bf16 | fp8 (keep an fp8 checkpoint's experts in fp8)
+  // bf16 | fp8 | mxfp4 | mxfp8: keep a quantised checkpoint's experts in its own format
+  std::string expert_dtype = "bf16";
   std::string fp8_compute;            // w8a8 | weight-only; empty: the backend's (reference
                                       // w8a8, fast weight-only)
   uint64_t seed = 0;
@@ -61,12 +62,22 @@ void run(const RunOptions& options) {
   const FuseShared fuse = fuse_shared_from_env(parse_fuse_shared(o.fuse));
   const std::string device = resolve_device(o.device);
   if (device == "cuda") refuse_unused_option(*o.cmd, "--backend", device, "--device cpu");
-  MK_CHECK(o.expert_dtype == "bf16" || o.expert_dtype == "fp8",
-           "--expert-dtype '" << o.expert_dtype << "' is not one of bf16, fp8");
-  const bool keep_fp8 = o.expert_dtype == "fp8";
+  const ExpertFormat held = [&] {
+    try {
+      return parse_expert_format(o.expert_dtype);
+    } catch (const Error&) {
+      MK_FAIL("--expert-dtype '" << o.expert_dtype << "' is not one of bf16, fp8, mxfp4, mxfp8");
+    }
+  }();
+  const bool keep_quantised = held != ExpertFormat::Bf16;
+  const bool keep_fp8 = held == ExpertFormat::Fp8Block;
   // (the GPU holds random fp8 experts too: codes and tile scales generated there)
-  MK_CHECK(!keep_fp8 || !o.weights.empty() || device == "cuda",
-           "--expert-dtype fp8 keeps a checkpoint's fp8 experts: it needs --weights");
+  MK_CHECK(!keep_quantised || !o.weights.empty() || (keep_fp8 && device == "cuda"),
+           "--expert-dtype " << o.expert_dtype << " keeps a checkpoint's " << o.expert_dtype
+                             << " experts: it needs --weights");
+  MK_CHECK(!keep_quantised || keep_fp8 || device == "cpu",
+           "--expert-dtype " << o.expert_dtype
+                             << " runs on the CPU (--device cpu); the GPU layer takes bf16 or fp8");
   const Fp8Compute fp8_compute = parse_fp8_compute(
       !o.fp8_compute.empty()                   ? o.fp8_compute
       : o.backend == "fast" && device == "cpu" ? "weight-only"
@@ -101,9 +112,9 @@ void run(const RunOptions& options) {
     gpu_layer = cuda::GpuMoeLayer::create_random(spec, layer, o.seed, opt);
     origin = "random seed " + std::to_string(o.seed) + " (generated on the GPU)";
   } else {
-    if (keep_fp8) {
+    if (keep_quantised) {
       LoadOptions lo;
-      lo.expert_dtype = DType::F8_E4M3;
+      lo.expert_format = held;
       weights = load_checkpoint_weights(spec, layer, o.weights, lo);
     } else {
       weights = load_layer_weights(spec, layer, o.weights, o.seed);
@@ -145,7 +156,9 @@ void run(const RunOptions& options) {
                         {"backend", device == "cpu" ? o.backend : device},
                         {"fuse_shared", r.fused ? "on" : "off"},
                         {"weights", origin},
-                        {"expert_dtype", keep_fp8 ? "F8_E4M3" : "BF16"},
+                        {"expert_dtype", held == ExpertFormat::Fp8Block ? "F8_E4M3"
+                                         : held == ExpertFormat::Bf16   ? "BF16"
+                                                                        : expert_format_name(held)},
                         {"y_mean_abs", sum.mean_abs},
                         {"y_max_abs", sum.max_abs},
                         {"y_sum", sum.sum},
@@ -163,7 +176,9 @@ void run(const RunOptions& options) {
     j["experts"] = experts;
     j["weights_per_slot"] = wts;
     if (fused_vs_unfused >= 0) j["fused_vs_unfused_max_rel_diff"] = fused_vs_unfused;
-    if (keep_fp8) j["fp8_compute"] = fp8_compute_name(fp8_compute);
+    if (held == ExpertFormat::Fp8Block) j["fp8_compute"] = fp8_compute_name(fp8_compute);
+    if (held == ExpertFormat::Mxfp4 || held == ExpertFormat::Mxfp8)
+      j["mx_compute"] = held == ExpertFormat::Mxfp4 ? "w4a16" : "w8a16";
     std::cout << j.dump(2) << "\n";
     return;
   }
@@ -173,7 +188,11 @@ void run(const RunOptions& options) {
               spec.shared_kind == SharedKind::None ? "none"
                                                    : (r.fused ? "fused" : "unfused"));
   std::printf("weights: %s\n", origin.c_str());
-  if (keep_fp8) std::printf("experts: fp8, computed %s\n", fp8_compute_name(fp8_compute));
+  if (held == ExpertFormat::Fp8Block)
+    std::printf("experts: fp8, computed %s\n", fp8_compute_name(fp8_compute));
+  if (held == ExpertFormat::Mxfp4 || held == ExpertFormat::Mxfp8)
+    std::printf("experts: %s, computed %s (weights dequantised exactly, bf16 activations)\n",
+                expert_format_name(held), held == ExpertFormat::Mxfp4 ? "W4A16" : "W8A16");
   std::printf("output y [%d, %d]: mean |y| %.6g, max |y| %.6g, sum %.6g\n", o.tokens, spec.hidden,
               sum.mean_abs, sum.max_abs, sum.sum);
   const int shown = std::min(o.tokens, 8);
@@ -215,8 +234,8 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "CPU backend: fast|reference")->capture_default_str();
   cmd->add_option("--expert-dtype", o->expert_dtype,
-                  "bf16 (checkpoints dequantised at load) or fp8 (an fp8 checkpoint's experts "
-                  "kept in fp8, CPU only)")
+                  "bf16 (checkpoints dequantised at load), or fp8 / mxfp4 / mxfp8 (a "
+                  "checkpoint's experts kept in that format, CPU only)")
       ->capture_default_str();
   cmd->add_option("--fp8-compute", o->fp8_compute,
                   "fp8 experts: w8a8 or weight-only (default: w8a8 on the reference, "

@@ -31,7 +31,10 @@
 // dequant_fp8_row) and runs the bf16 kernels on it. Chunks are multiples of the kernels' 4-row
 // tiles and start at the unit's first row, and the fused kernels sum as the bf16 ones do, so y
 // equals the bf16 path's on the dequantised checkpoint bit for bit, while the weights cross the
-// memory bus as fp8 bytes.
+// memory bus as fp8 bytes. MX weights (expert_format() Mxfp4 / Mxfp8, W4A16 / W8A16) take the
+// same two ways (mx_rows.h: fused MX row kernels at decode token counts, gate/up on the
+// activations' type; else rows dequantised into a per-thread buffer), so y equals the bf16 path's
+// on the same checkpoint loaded as bf16, bit for bit.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -47,6 +50,7 @@
 #include "cpu/experts_routing_check.h"
 #include "cpu/fast/fast_common.h"
 #include "cpu/fast/kernels.h"
+#include "cpu/fast/mx_rows.h"
 #include "cpu/fast/thread_pool.h"
 #include "moekit/cpu_fast.h"
 #include "moekit/error.h"
@@ -192,6 +196,8 @@ struct Job {
   const float* gate_scale = nullptr;
   const float* up_scale = nullptr;
   const float* down_scale = nullptr;
+  // MX weights instead (ExpertView's mx fields; gate/up rows of H columns, down of down_stride).
+  detail::MxMatrix gate_mx, up_mx, down_mx;
   int inter = 0;
   int down_stride = 0;
   const float* b_gate = nullptr;
@@ -221,12 +227,22 @@ void dequant_rows(const detail::Kernels& kern, const uint8_t* q, const float* sc
   }
 }
 
+// Points an MX job at gate/up rows w13 [2 inter, H] and down rows w2 [H, down_stride].
+void set_mx(Job& job, ExpertFormat f, size_t H, const uint8_t* w13, const uint8_t* s13,
+            const uint8_t* w2, const uint8_t* s2) {
+  job.gate_mx = {f, w13, s13, H};
+  job.up_mx = job.gate_mx.offset_rows(job.inter);
+  job.down_mx = {f, w2, s2, static_cast<size_t>(job.down_stride)};
+}
+
 // Points a routed expert's (or fused slot's) job at its weights, materialising them on first use
 // (thread-safe: LayerWeights builds each expert once).
 void attach_weights(const LayerWeights& w, Job& job) {
   const MoeSpec& spec = w.spec();
   const ExpertView ex = w.expert(job.expert);
   MK_CHECK((ex.w13 != nullptr && ex.w2 != nullptr) ||
+               (ex.w13_mx != nullptr && ex.w2_mx != nullptr && ex.w13_mx_scale != nullptr &&
+                ex.w2_mx_scale != nullptr) ||
                (ex.w13_fp8 != nullptr && ex.w2_fp8 != nullptr && ex.w13_scale != nullptr &&
                 ex.w2_scale != nullptr),
            "expert " << job.expert << " of " << spec.name << " has null weights");
@@ -234,7 +250,9 @@ void attach_weights(const LayerWeights& w, Job& job) {
     MK_CHECK(ex.b13 != nullptr && ex.b2 != nullptr,
              spec.name << " has expert biases but expert " << job.expert << " holds none");
   }
-  if (ex.w13_fp8 != nullptr) {
+  if (ex.w13_mx != nullptr) {
+    set_mx(job, ex.mx_format, spec.hidden, ex.w13_mx, ex.w13_mx_scale, ex.w2_mx, ex.w2_mx_scale);
+  } else if (ex.w13_fp8 != nullptr) {
     const size_t H = spec.hidden, inter = job.inter;
     job.gate8 = ex.w13_fp8;
     job.up8 = ex.w13_fp8 + inter * H;
@@ -356,8 +374,8 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   const Kernels& kern = kernels_for(isa);
   const bool bf16_dot = kern.dot_rows_bf16 != nullptr && opt.use_bf16_dot && cpu_has_avx512_bf16();
   const int threads = resolve_threads(opt.threads);
-  MK_CHECK(w.expert_dtype() == DType::BF16 || w.expert_dtype() == DType::F8_E4M3,
-           "the fast CPU backend runs bf16 or fp8 experts, got " << dtype_name(w.expert_dtype()));
+  const ExpertFormat format = w.expert_format();
+  const bool mx = format == ExpertFormat::Mxfp4 || format == ExpertFormat::Mxfp8;
   const int fused_slots =
       cpu_detail::check_experts_routing(spec, tokens, r, add_shared, held_begin, held_end);
   MK_CHECK(!add_shared || r.shared_scale.empty() ||
@@ -435,7 +453,16 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   if (add_shared) {
     const int Is = spec.shared_intermediate;
     Job& sj = jobs.back();
-    if (w.expert_dtype() == DType::F8_E4M3) {
+    sj.inter = Is;
+    sj.down_stride = Is;
+    if (mx) {
+      MK_CHECK(Is > 0 && w.shared_w13_mx() && w.shared_w13_mx_scale() && w.shared_w2_mx() &&
+                   w.shared_w2_mx_scale(),
+               expert_format_name(format) << " shared expert weights of " << spec.name
+                                          << " are missing");
+      set_mx(sj, format, H, w.shared_w13_mx(), w.shared_w13_mx_scale(), w.shared_w2_mx(),
+             w.shared_w2_mx_scale());
+    } else if (format == ExpertFormat::Fp8Block) {
       MK_CHECK(Is > 0 && w.shared_w13_fp8() && w.shared_w13_scale() && w.shared_w2_fp8() &&
                    w.shared_w2_scale(),
                "fp8 shared expert weights of " << spec.name << " are missing");
@@ -453,8 +480,6 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
       sj.up = w.shared_w13() + static_cast<size_t>(Is) * H;
       sj.down = w.shared_w2();
     }
-    sj.inter = Is;
-    sj.down_stride = Is;
   }
 
   // ---- buffers: per job [count, inter] gate (then activation) and up blocks
@@ -489,6 +514,7 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   };
   const auto fp8_rows_gate_up = [&](const Job& job) { return !bf16_dot && fp8_rows(job); };
 
+
   // ---- gate/up GEMM + activation, in units of intermediate columns of one job
   const std::vector<Unit> up_units = make_units(
       jobs, [&](const Job& j) { return j.inter; },
@@ -516,6 +542,11 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
                             job.inter);
       kern.dot_rows_fp8_f32(job.up8 + static_cast<size_t>(i0) * H, H, job.up_scale, fp8_tiles(H),
                             i0, i1 - i0, H, &xf_ptr[job.first], job.count, u + i0, job.inter);
+    } else if (!job.gate_mx.empty()) {
+      const float* const* xf = bf16_dot ? nullptr : &xf_ptr[job.first];
+      const Bf16* const* xb = bf16_dot ? &xb_ptr[job.first] : nullptr;
+      detail::mx_project(kern, job.gate_mx, i0, i1, H, xf, xb, job.count, g + i0, job.inter);
+      detail::mx_project(kern, job.up_mx, i0, i1, H, xf, xb, job.count, u + i0, job.inter);
     } else if (job.gate8 != nullptr) {
       thread_local std::vector<Bf16> rows_buffer;
       Bf16* gw = scratch(rows_buffer, 2 * static_cast<size_t>(kFp8ChunkRows) * H);
@@ -558,6 +589,11 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
                             job.down_stride, job.down_scale, fp8_tiles(job.down_stride),
                             unit.begin, unit.end - unit.begin, job.inter, &act_ptr[job.first],
                             job.count, down + job.first * H + unit.begin, H);
+      return;
+    }
+    if (!job.down_mx.empty()) {
+      detail::mx_project(kern, job.down_mx, unit.begin, unit.end, job.inter, &act_ptr[job.first],
+                         nullptr, job.count, down + job.first * H + unit.begin, H);
       return;
     }
     if (job.down8 != nullptr) {

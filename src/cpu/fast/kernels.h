@@ -65,6 +65,30 @@ struct Kernels {
                            size_t ldo) = nullptr;
   int fp8_row_tokens = 0;
 
+  // out[c] = bf16(element(c) x 2^(scale[c / 32] - 127)) for c < k (k a multiple of 32): one row
+  // of an OCP MX matrix (MXFP4: e2m1 pairs, the even column in the low nibble; MXFP8: e4m3fn
+  // bytes) dequantised as the CPU reference does (cpu/reference_mx.h), through a table of the
+  // element values, an fp32 multiply by the e8m0 scale and bf16's round to nearest even.
+  void (*dequant_mxfp4_row)(const uint8_t* q, const uint8_t* scale, int k, Bf16* out) = nullptr;
+  void (*dequant_mxfp8_row)(const uint8_t* q, const uint8_t* scale, int k, Bf16* out) = nullptr;
+
+  // dot_rows_f32 / dot_rows_bf16 on MX rows, for n <= mx_row_tokens tokens (decode): row r is
+  // q + r * ldq bytes with its e8m0 bytes at scale + r * lds, k a multiple of 32; each weight is
+  // made in registers and summed exactly as dot_rows_f32 / dot_rows_bf16 sum the dequantised row
+  // (so the result equals dequant_mx*_row + that kernel bit for bit). Null where an ISA has none
+  // (the bf16 ones exist only where dot_rows_bf16 does); more tokens go through dequant_mx*_row.
+  using MxRowsF32 = void (*)(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                             int rows, int k, const float* const* x, int n, float* out,
+                             size_t ldo);
+  using MxRowsBf16 = void (*)(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                              int rows, int k, const Bf16* const* x, int n, float* out,
+                              size_t ldo);
+  MxRowsF32 dot_rows_mxfp4_f32 = nullptr;
+  MxRowsF32 dot_rows_mxfp8_f32 = nullptr;
+  MxRowsBf16 dot_rows_mxfp4_bf16 = nullptr;
+  MxRowsBf16 dot_rows_mxfp8_bf16 = nullptr;
+  int mx_row_tokens = 0;
+
   // Sum of count floats (the read-bandwidth probe; the result only defeats dead-code removal).
   float (*read_sum)(const float* p, size_t count) = nullptr;
 };
@@ -79,6 +103,42 @@ void dot_rows_fp8_f32_avx2(const uint8_t* q, size_t ldq, const float* scale, siz
 void dot_rows_fp8_f32_avx512(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
                              int r0, int rows, int k, const float* const* x, int n, float* out,
                              size_t ldo);
+
+// The MX row dequantisers (mx_dequant_*.cpp), one pair per table.
+void dequant_mxfp4_row_portable(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp8_row_portable(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp4_row_avx2(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp8_row_avx2(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp4_row_avx512(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dequant_mxfp8_row_avx512(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);
+void dot_rows_mxfp4_f32_avx2(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                             int rows, int k, const float* const* x, int n, float* out, size_t ldo);
+void dot_rows_mxfp8_f32_avx2(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                             int rows, int k, const float* const* x, int n, float* out, size_t ldo);
+void dot_rows_mxfp4_f32_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                               int rows, int k, const float* const* x, int n, float* out,
+                               size_t ldo);
+void dot_rows_mxfp8_f32_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                               int rows, int k, const float* const* x, int n, float* out,
+                               size_t ldo);
+void dot_rows_mxfp4_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                                int rows, int k, const Bf16* const* x, int n, float* out,
+                                size_t ldo);
+void dot_rows_mxfp8_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                                int rows, int k, const Bf16* const* x, int n, float* out,
+                                size_t ldo);
+// 2^(s - 127) for every e8m0 byte s (255, NaN, never reaches a kernel: the loader rejects it).
+const float* mx_scale_table();
+// The 16 e2m1 values times 2^(s - 127) for every e8m0 byte s < 255, as fp32 and as bf16 (the
+// products are exact in both), 64-byte aligned rows: the MXFP4 decode kernels' lookup tables.
+struct alignas(64) E2m1Row {
+  float f32[16];
+};
+struct alignas(32) E2m1RowBf16 {
+  uint16_t bits[16];
+};
+const E2m1Row* mx_e2m1_f32_table();       // [255]
+const E2m1RowBf16* mx_e2m1_bf16_table();  // [255]
 
 const Kernels& portable_kernels();
 // These two may only be called on a CPU that has the instructions (they are plain tables, but

@@ -186,6 +186,11 @@ const Kernels& avx2_kernels() {
                          .dequant_fp8_row = dequant_fp8_row_avx2,
                          .dot_rows_fp8_f32 = dot_rows_fp8_f32_avx2,
                          .fp8_row_tokens = 2,
+                         .dequant_mxfp4_row = dequant_mxfp4_row_avx2,
+                         .dequant_mxfp8_row = dequant_mxfp8_row_avx2,
+                         .dot_rows_mxfp4_f32 = dot_rows_mxfp4_f32_avx2,
+                         .dot_rows_mxfp8_f32 = dot_rows_mxfp8_f32_avx2,
+                         .mx_row_tokens = 2,
                          .read_sum = read_sum};
   return k;
 }

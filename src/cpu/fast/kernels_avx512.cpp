@@ -310,6 +310,13 @@ const Kernels& avx512_kernels() {
                          .dequant_fp8_row = dequant_fp8_row_avx512,
                          .dot_rows_fp8_f32 = dot_rows_fp8_f32_avx512,
                          .fp8_row_tokens = 2,
+                         .dequant_mxfp4_row = dequant_mxfp4_row_avx512,
+                         .dequant_mxfp8_row = dequant_mxfp8_row_avx512,
+                         .dot_rows_mxfp4_f32 = dot_rows_mxfp4_f32_avx512,
+                         .dot_rows_mxfp8_f32 = dot_rows_mxfp8_f32_avx512,
+                         .dot_rows_mxfp4_bf16 = dot_rows_mxfp4_bf16_avx512,
+                         .dot_rows_mxfp8_bf16 = dot_rows_mxfp8_bf16_avx512,
+                         .mx_row_tokens = 2,
                          .read_sum = read_sum};
   return k;
 }

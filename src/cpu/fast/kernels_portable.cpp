@@ -99,6 +99,8 @@ const Kernels& portable_kernels() {
                          .dot_rows_bf16 = nullptr,
                          .router_dot = router_dot,
                          .dequant_fp8_row = dequant_fp8_row_portable,
+                         .dequant_mxfp4_row = dequant_mxfp4_row_portable,
+                         .dequant_mxfp8_row = dequant_mxfp8_row_portable,
                          .read_sum = read_sum};
   return k;
 }

@@ -115,6 +115,10 @@ GpuMoeLayer::~GpuMoeLayer() {
 std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create(const LayerWeights& w,
                                                  const GpuLayerOptions& opt) {
   DeviceGuard guard(opt.device);
+  MK_CHECK(w.expert_format() == ExpertFormat::Bf16 || w.expert_format() == ExpertFormat::Fp8Block,
+           "the GPU layer holds bf16 or fp8 block-scale experts; the weights of "
+               << w.origin() << " are " << expert_format_name(w.expert_format())
+               << " (load them as bf16)");
   MK_CHECK(opt.expert_dtype == DType::BF16 || opt.expert_dtype == w.expert_dtype(),
            "GpuLayerOptions::expert_dtype " << dtype_name(opt.expert_dtype)
                                             << " disagrees with the weights' "

@@ -1,0 +1,230 @@
+// AVX-512 MX decode rows (kernels.h dot_rows_mx*_f32 / dot_rows_mx*_bf16; compiled with the
+// AVX-512 flags, called only from the AVX-512 table, the bf16 ones only on AVX512-BF16 CPUs): one
+// weight row against 1-2 tokens with each weight made in registers, summed exactly as
+// kernels_avx512.cpp's dot_row_f32 (32 columns a step, two accumulators, their sum) and
+// dot_row_bf16 (64 columns a step through vdpbf16ps, two accumulators, a 32-column tail into the
+// first) sum the dequantised row, so they equal dequant_mx*_row + dot_rows_* bit for bit without
+// the bf16 row in memory. K is a multiple of 32, so every step is one or two whole MX blocks.
+//
+// Weights: MXFP4 codes index the 16 e2m1 values already multiplied by the block's 2^(s-127)
+// (mx_e2m1_f32_table / mx_e2m1_bf16_table; vpermps on fp32, vpermw on bf16); those products are
+// exact in bf16 (mx_experts.md), so no rounding is needed. MXFP8 on fp32 uses the e4m3 -> fp16
+// bit move (the value times 2^-8) times 2^(s-119), exact for 3 <= s <= 246 (the products are
+// exact in bf16 there); on bf16, for 10 <= s <= 246, integer arithmetic on the bf16 exponent
+// field (e4m3_bf16x32). Other blocks take the rounded two-multiply path of mx_dequant_avx512.cpp.
+#if defined(__x86_64__) || defined(__i386__)
+
+// why: GCC 12's avx512fintrin.h seeds casts with _mm512_undefined_*(), which -Wall reports as
+// uninitialised at every inlined use (a known false positive, GCC PR105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "cpu/fast/kernels.h"
+
+namespace moekit::cpu_fast::detail {
+namespace {
+
+// L2 prefetch this far ahead in the weight stream at 2 tokens (as kernels_avx512.cpp does).
+constexpr int kPrefetchBytes = 4096;
+
+// 16 bytes of e2m1 pairs -> their 32 codes as bytes in column order (low nibble first).
+inline __m256i nibbles32(const uint8_t* q) {
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  return _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi16(0x0f)),
+                         _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0xf0)), 4));
+}
+
+// bf16 round to nearest even of 16 fp32, the result as fp32 (low 16 bits zero).
+inline __m512 round_bf16(__m512 f) {
+  __m512i u = _mm512_castps_si512(f);
+  u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                           _mm512_and_si512(_mm512_srli_epi32(u, 16),
+                                                            _mm512_set1_epi32(1))));
+  return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// 16 e4m3 codes -> bf16(value x 2^(s-127)) as fp32.
+inline __m512 e4m3x16(const uint8_t* q, uint8_t s, const float* st) {
+  const __m256i b8 =
+      _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))), 8);
+  const __m256i h =
+      _mm256_and_si256(_mm256_srai_epi16(b8, 1), _mm256_set1_epi16(static_cast<short>(0xbfff)));
+  const __m512 v = _mm512_cvtph_ps(h);  // the e4m3 value times 2^-8
+  if (s >= 3 && s <= 246) return _mm512_mul_ps(v, _mm512_set1_ps(st[s + 8]));  // exact
+  return round_bf16(_mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(256.0f)), _mm512_set1_ps(st[s])));
+}
+
+// Two fp32 vectors holding bf16 values (low halves zero) -> 32 bf16 in order.
+inline __m512bh pack_bf16(__m512 lo, __m512 hi) {
+  const __m256i a = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(lo), 16));
+  const __m256i b = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(hi), 16));
+  return (__m512bh)_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+// 32 MXFP4 weights of one block as bf16: the block's scaled table (exact in bf16) through vpermw.
+inline __m512bh mxfp4_bf16x32(const uint8_t* q, const E2m1RowBf16& row) {
+  const __m256i t16 = _mm256_load_si256(reinterpret_cast<const __m256i*>(row.bits));
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  // u32 lane i = low nibble of byte i | high nibble << 16: u16 lanes 2i, 2i+1 in column order
+  const __m512i idx = _mm512_or_si512(
+      _mm512_and_si512(b, _mm512_set1_epi32(0x0f)),
+      _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0xf0)), 12));
+  return (__m512bh)_mm512_permutexvar_epi16(idx, _mm512_zextsi256_si512(t16));
+}
+
+template <int J>
+void row_mxfp4_f32(const uint8_t* q, const uint8_t* s, int k, const float* const* x, float* out,
+                   size_t ldo) {
+  const E2m1Row* tables = mx_e2m1_f32_table();
+  __m512 a0[J], a1[J];
+  for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+  for (int c = 0; c < k; c += 32) {
+    if ((c & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(q + c / 2) + kPrefetchBytes, _MM_HINT_T1);
+    const __m512 scaled = _mm512_load_ps(tables[s[c >> 5]].f32);
+    const __m256i codes = nibbles32(q + c / 2);
+    const __m512 w0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(codes)), scaled);
+    const __m512 w1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(codes, 1)), scaled);
+    for (int j = 0; j < J; ++j) {
+      a0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), a0[j]);
+      a1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + c + 16), a1[j]);
+    }
+  }
+  for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+}
+
+template <int J>
+void row_mxfp8_f32(const uint8_t* q, const uint8_t* s, int k, const float* const* x, float* out,
+                   size_t ldo) {
+  const float* st = mx_scale_table();
+  __m512 a0[J], a1[J];
+  for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+  for (int c = 0; c < k; c += 32) {
+    if ((c & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(q + c) + kPrefetchBytes, _MM_HINT_T1);
+    const uint8_t sb = s[c >> 5];
+    const __m512 w0 = e4m3x16(q + c, sb, st);
+    const __m512 w1 = e4m3x16(q + c + 16, sb, st);
+    for (int j = 0; j < J; ++j) {
+      a0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), a0[j]);
+      a1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + c + 16), a1[j]);
+    }
+  }
+  for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+}
+
+// bf16 bits of m x 2^-9 (the e4m3 subnormals, m = 1..7; lane 0 unused) and the bf16 exponent
+// field's unit.
+inline __m512i e4m3_subnormal_bits() {
+  return _mm512_setr_epi32(0x3b00'0000, 0x3bc0'3b80, 0x3c20'3c00, 0x3c60'3c40, 0, 0, 0, 0, 0, 0,
+                           0, 0, 0, 0, 0, 0);
+}
+
+// 32 e4m3 codes of a block with 10 <= s <= 246 -> bf16(value x 2^(s-127)) as bf16, in integer
+// arithmetic: a normal code (exponent field E >= 1) is sign | (E + s - 7) << 7 | m << 4, a
+// subnormal one m x 2^-9 with s - 127 added to its exponent field; every result is a normal
+// bf16 in that range of s, so no rounding happens.
+inline __m512bh e4m3_bf16x32(const uint8_t* q, uint8_t s, __m512i subnormals) {
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+  const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi16(0x7f));
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
+  const __m512i normal =
+      _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(static_cast<short>((s - 7) << 7)));
+  const __mmask32 is_sub =
+      _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, _mm512_set1_epi16(0x78)), _mm512_setzero_si512());
+  if (is_sub == 0) return (__m512bh)_mm512_or_si512(normal, sign);
+  // subnormal codes (E = 0, rare in a block scaled to its largest element): the table shifted
+  // by 2^(s-127), code 0 kept 0
+  const __m512i sub = _mm512_mask_mov_epi16(
+      _mm512_add_epi16(subnormals, _mm512_set1_epi16(static_cast<short>((s - 127) << 7))), 1,
+      _mm512_setzero_si512());
+  const __m512i bits = _mm512_mask_mov_epi16(normal, is_sub, _mm512_permutexvar_epi16(mag, sub));
+  return (__m512bh)_mm512_or_si512(bits, sign);
+}
+
+// 32 weights of the block at column c as bf16, for either format.
+template <bool kFp4>
+inline __m512bh bf16x32(const uint8_t* q, const uint8_t* s, int c, const float* st,
+                        const E2m1RowBf16* tables) {
+  if constexpr (kFp4) {
+    return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]);
+  } else {
+    const uint8_t sb = s[c >> 5];
+    if (sb >= 10 && sb <= 246) return e4m3_bf16x32(q + c, sb, e4m3_subnormal_bits());
+    return pack_bf16(e4m3x16(q + c, sb, st), e4m3x16(q + c + 16, sb, st));
+  }
+}
+
+template <bool kFp4, int J>
+void row_mx_bf16(const uint8_t* q, const uint8_t* s, int k, const Bf16* const* x, float* out,
+                 size_t ldo) {
+  const float* st = mx_scale_table();
+  const E2m1RowBf16* tables = mx_e2m1_bf16_table();
+  __m512 a0[J], a1[J];
+  for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+  const int k_main = k & ~63;
+  for (int c = 0; c < k_main; c += 64) {
+    if (!kFp4 || (c & 127) == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(q + (kFp4 ? c / 2 : c)) + kPrefetchBytes, _MM_HINT_T1);
+    const __m512bh w0 = bf16x32<kFp4>(q, s, c, st, tables);
+    const __m512bh w1 = bf16x32<kFp4>(q, s, c + 32, st, tables);
+    for (int j = 0; j < J; ++j) {
+      a0[j] = _mm512_dpbf16_ps(a0[j], w0, (__m512bh)_mm512_loadu_si512(x[j] + c));
+      a1[j] = _mm512_dpbf16_ps(a1[j], w1, (__m512bh)_mm512_loadu_si512(x[j] + c + 32));
+    }
+  }
+  if (k_main < k) {  // one whole block left, into a0 (dot_row_bf16's tail step)
+    const __m512bh wv = bf16x32<kFp4>(q, s, k_main, st, tables);
+    for (int j = 0; j < J; ++j)
+      a0[j] = _mm512_dpbf16_ps(a0[j], wv, (__m512bh)_mm512_loadu_si512(x[j] + k_main));
+  }
+  for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+}
+
+template <typename X, typename Row>
+void each_row(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds, int rows,
+              const X* const* x, int n, float* out, size_t ldo, Row row) {
+  for (int r = 0; r < rows; ++r) {
+    with_static_count<2>(n, [&](auto count) {
+      row(count, q + static_cast<size_t>(r) * ldq, scale + static_cast<size_t>(r) * lds, x,
+          out + r, ldo);
+    });
+  }
+}
+
+}  // namespace
+
+void dot_rows_mxfp4_f32_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                               int rows, int k, const float* const* x, int n, float* out,
+                               size_t ldo) {
+  each_row(q, ldq, scale, lds, rows, x, n, out, ldo, [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
+    row_mxfp4_f32<decltype(count)::value>(qr, sr, k, xs, o, l);
+  });
+}
+
+void dot_rows_mxfp8_f32_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                               int rows, int k, const float* const* x, int n, float* out,
+                               size_t ldo) {
+  each_row(q, ldq, scale, lds, rows, x, n, out, ldo, [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
+    row_mxfp8_f32<decltype(count)::value>(qr, sr, k, xs, o, l);
+  });
+}
+
+void dot_rows_mxfp4_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                                int rows, int k, const Bf16* const* x, int n, float* out,
+                                size_t ldo) {
+  each_row(q, ldq, scale, lds, rows, x, n, out, ldo, [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
+    row_mx_bf16<true, decltype(count)::value>(qr, sr, k, xs, o, l);
+  });
+}
+
+void dot_rows_mxfp8_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                                int rows, int k, const Bf16* const* x, int n, float* out,
+                                size_t ldo) {
+  each_row(q, ldq, scale, lds, rows, x, n, out, ldo, [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
+    row_mx_bf16<false, decltype(count)::value>(qr, sr, k, xs, o, l);
+  });
+}
+
+}  // namespace moekit::cpu_fast::detail
+
+#endif
