@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "prefill_test_util.h"
 #include "../expect_error.h"
 #include "common/random_values.h"
 #include "cuda/prefill/prefill.h"
@@ -38,15 +39,7 @@
 namespace moekit {
 namespace {
 
-#define SKIP_WITHOUT_PREFILL_GPU()                                                          \
-  do {                                                                                      \
-    std::string why_;                                                                       \
-    if (!cuda::available(&why_)) GTEST_SKIP() << "no usable GPU: " << why_;                 \
-    const char* why_prefill_ = nullptr;                                                     \
-    if (!cuda::prefill_supported(&why_prefill_)) GTEST_SKIP() << why_prefill_;              \
-  } while (0)
-
-#define CUDA_OK(stmt) ASSERT_EQ((stmt), cudaSuccess) << #stmt
+using test::Dev;
 
 // configs/<model>.json scaled to H = hidden, E = experts, I = inter, keeping the number of
 // I-wide shared slots; parsed by the real parser.
@@ -84,33 +77,6 @@ std::vector<Bf16> random_x(int tokens, int hidden, uint64_t seed) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(rv::uniform(stream, i));
   return x;
 }
-
-// One cudaMalloc'ed buffer, freed at scope end.
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t n) : bytes(n) {
-    if (n > 0 && cudaMalloc(&p, n) != cudaSuccess) {
-      ADD_FAILURE() << "cudaMalloc(" << n << ") failed";
-      p = nullptr;
-    }
-  }
-  template <typename T>
-  Dev(const std::vector<T>& host) : Dev(host.size() * sizeof(T)) {
-    if (p != nullptr) {
-      EXPECT_EQ(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() {
-    if (p != nullptr) (void)cudaFree(p);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
 
 // How the ids and weights of a case are made.
 enum class Ids { Routed, HalfExpertsIdle, OneExpertTakesAll };

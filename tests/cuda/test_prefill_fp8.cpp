@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "prefill_test_util.h"
 #include "../expect_error.h"
 #include "../fp8_test_util.h"
 #include "cuda/prefill/prefill.h"
@@ -36,49 +37,7 @@
 namespace moekit {
 namespace {
 
-#define SKIP_WITHOUT_PREFILL_GPU()                                             \
-  do {                                                                         \
-    std::string why_;                                                          \
-    if (!cuda::available(&why_)) GTEST_SKIP() << "no usable GPU: " << why_;    \
-    const char* why_prefill_ = nullptr;                                        \
-    if (!cuda::prefill_supported(&why_prefill_)) GTEST_SKIP() << why_prefill_; \
-  } while (0)
-
-#define CUDA_OK(stmt) ASSERT_EQ((stmt), cudaSuccess) << #stmt
-
-// One cudaMalloc'ed buffer, freed at scope end.
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t n) : bytes(n) {
-    if (n > 0 && cudaMalloc(&p, n) != cudaSuccess) {
-      ADD_FAILURE() << "cudaMalloc(" << n << ") failed";
-      p = nullptr;
-    }
-  }
-  template <typename T>
-  explicit Dev(const std::vector<T>& host) : Dev(host.size() * sizeof(T)) {
-    if (p != nullptr) {
-      EXPECT_EQ(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() {
-    if (p != nullptr) (void)cudaFree(p);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  void poison() const { EXPECT_EQ(cudaMemset(p, 0xFF, bytes), cudaSuccess); }
-  template <typename T>
-  std::vector<T> download() const {
-    std::vector<T> v(bytes / sizeof(T));
-    EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-};
+using test::Dev;
 
 // ---- the quantiser
 

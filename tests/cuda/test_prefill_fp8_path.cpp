@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "prefill_test_util.h"
 #include "../fp8_test_util.h"
 #include "cpu/reference_fp8.h"
 #include "cuda/prefill/prefill.h"
@@ -43,41 +44,7 @@
 namespace moekit {
 namespace {
 
-#define SKIP_WITHOUT_PREFILL_GPU()                                             \
-  do {                                                                         \
-    std::string why_;                                                          \
-    if (!cuda::available(&why_)) GTEST_SKIP() << "no usable GPU: " << why_;    \
-    const char* why_prefill_ = nullptr;                                        \
-    if (!cuda::prefill_supported(&why_prefill_)) GTEST_SKIP() << why_prefill_; \
-  } while (0)
-
-#define CUDA_OK(stmt) ASSERT_EQ((stmt), cudaSuccess) << #stmt
-
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t n) : bytes(n) {
-    if (n > 0 && cudaMalloc(&p, n) != cudaSuccess) {
-      ADD_FAILURE() << "cudaMalloc(" << n << ") failed";
-      p = nullptr;
-    }
-  }
-  template <typename T>
-  explicit Dev(const std::vector<T>& host) : Dev(host.size() * sizeof(T)) {
-    if (p != nullptr) {
-      EXPECT_EQ(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() {
-    if (p != nullptr) (void)cudaFree(p);
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
+using test::Dev;
 
 // configs/deepseek-v3.json at H 512, I 256, 8 experts, top-k 4 (one group), its shared expert.
 MoeSpec deepseek_fp8_spec() {

@@ -8,6 +8,7 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/fp8_quantize.cuh"
 #include "cuda/common/pdl.cuh"
+#include "cuda/prefill/prefill_vec.cuh"
 #include "moekit/error.h"
 
 namespace moekit::cuda {
@@ -29,14 +30,8 @@ __global__ void __launch_bounds__(kThreads) quantize_rows_fp8_kernel(
     const long long r = item / groups;
     const int b = static_cast<int>(item - r * groups);
     const long long at = r * k + b * kGroup + part * 8;
-    const uint4 bits = *reinterpret_cast<const uint4*>(src + at);
-    const uint32_t w[4] = {bits.x, bits.y, bits.z, bits.w};
     float v[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      v[2 * j] = __uint_as_float(w[j] << 16);
-      v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
+    prefill_detail::load_bf16x8(src + at, v);
     uint2 codes;
     const float s = quantize_group_fp8(v, ue8m0, &codes);
     *reinterpret_cast<uint2*>(q + at) = codes;
