@@ -52,9 +52,11 @@ enum class Ring : uint8_t {
                    // down rows of exactly 4 KB: a tile's 16 rows one 64 KB copy)
   WeightsOnly,     // 3 stages of 16 x 4 KB weights only; the consumer warps load their
                    // activation fragments from L2 (chunk 16: both n-tiles on every fragment)
+  WeightsOnlyDeep,  // fp8 down, rows <= 2 KB: 6 stages of 16 x 2 KB weights only
 };
 const char* ring_name(
-    Ring r);  // "standard", "deep", "one-token-narrow", "one-token", "weights-only"
+    Ring r);  // "standard", "deep", "one-token-narrow", "one-token", "weights-only",
+                 // "weights-only-deep"
 
 // One compiled kernel instance. The fields a family does not use keep their defaults.
 struct ExpertKernel {

@@ -84,6 +84,7 @@ inline constexpr ExpertKernel kExpertKernels[] = {
     with_fp8(with_down_tail(bulk("bulk_down_weights_only_tail_fp8", kDn, 1, Ring::WeightsOnly))),
     with_fp8(bulk("bulk_gate_up_16_weights_only_fp8", kGU, 2, Ring::WeightsOnly)),
     with_fp8(bulk("bulk_down_16_weights_only_fp8", kDn, 2, Ring::WeightsOnly)),
+    with_fp8(bulk("bulk_down_weights_only_deep_fp8", kDn, 1, Ring::WeightsOnlyDeep)),
     // registers
     regs("regs_gate_up", kGU, Stream::Registers, 1, 5),
     regs("regs_down", kDn, Stream::Registers, 1, 4),
@@ -116,8 +117,12 @@ constexpr bool legal(const ExpertKernel& k) {
            (k.warps == 8 || k.warps == 4);
   }
   const bool gu = k.gemm == Gemm::GateUp;
-  // fp8: the ring of weights only, without the L2 keep
-  if (k.fp8 && (k.ring != Ring::WeightsOnly || k.l2_keep)) return false;
+  // fp8: the rings of weights only (the deep one: down, one n-tile, no tail), without the L2
+  // keep; the deep ring of weights only is fp8's alone
+  if (k.fp8 && ((k.ring != Ring::WeightsOnly && k.ring != Ring::WeightsOnlyDeep) || k.l2_keep))
+    return false;
+  if (k.ring == Ring::WeightsOnlyDeep && (!k.fp8 || gu || k.n_tiles != 1 || k.down_tail))
+    return false;
   if (k.n_tiles == 2) {
     return (k.ring == Ring::Standard || k.ring == Ring::WeightsOnly) && !k.split_rows &&
            !k.l2_keep && !k.down_tail && !k.half_items && !k.self_route;
@@ -135,6 +140,7 @@ constexpr bool legal(const ExpertKernel& k) {
     case Ring::OneToken:
       return !k.l2_keep && !k.down_tail && !k.split_rows;
     case Ring::WeightsOnly:
+    case Ring::WeightsOnlyDeep:
       return !k.split_rows && !k.half_items && !k.self_route;
   }
   return false;

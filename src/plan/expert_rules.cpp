@@ -96,6 +96,10 @@ bool experts_down_deep_ring(int tokens, int k, int deep_tokens) {
   return tokens <= deep_tokens && k <= 1024;
 }
 
+bool experts_down_deep_fp8_ring(int k, int deep_tokens) {
+  return deep_tokens != 0 && k <= 2 * 1024;
+}
+
 bool experts_down_one_token_ring(int tokens, int k, int enabled) {
   return enabled != 0 && tokens == 1 && k <= 12 * kBlockK;
 }
@@ -143,7 +147,9 @@ int select_expert_kernel(const KernelChoice& c) {
     k.warps = late && chunk8 && !gate_up && c.k / kBlockK <= 16 ? 4 : 8;
     k.ctas_per_sm = 16 / k.warps;
   } else if (c.fp8) {
-    k.ring = Ring::WeightsOnly;
+    k.ring = c.ring == Ring::WeightsOnlyDeep && !gate_up && c.chunk == 8 && !c.down_tail
+                 ? Ring::WeightsOnlyDeep
+                 : Ring::WeightsOnly;
     k.fp8 = true;
     k.down_tail = !gate_up && c.down_tail && c.chunk == 8;
   } else if (c.chunk == 16) {

@@ -74,6 +74,11 @@ int experts_down_copy_pieces(int tokens, int k, int split_tokens);
 // (docs/decisions/experts_down_deep_ring.md).
 bool experts_down_deep_ring(int tokens, int k, int deep_tokens);
 
+// The fp8 down kernel's deep ring of weights only: rows of <= 2 KB (k <= 2048 e4m3 bytes) at
+// every batch of the bulk kernels, unless deep_tokens is 0 (MOEKIT_EXPERTS_DOWN_DEEP=0)
+// (docs/decisions/fp8_experts.md).
+bool experts_down_deep_fp8_ring(int k, int deep_tokens);
+
 // The one-token rings (docs/decisions/experts_one_token_rings.md), each where `enabled`: the
 // down kernel's for rows of <= 1.5 KB (k <= 768) and for rows of exactly 4 KB (k 2048); the
 // gate/up kernel's when it routes the token itself or rows are of several 4 KB chunks.

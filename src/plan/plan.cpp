@@ -254,7 +254,9 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   d.role = "down";
   Ring down_ring = Ring::Standard;
   if (weights_only) {
-    down_ring = Ring::WeightsOnly;
+    down_ring = fp8 && chunk == 8 && down_tail == 0 && experts_down_deep_fp8_ring(sh.I, st.down_deep)
+                    ? Ring::WeightsOnlyDeep
+                    : Ring::WeightsOnly;
   } else if (down_tail > 0) {
     down_ring = Ring::Standard;
   } else if (experts_down_wide_one_token_ring(tokens, sh.I, st.one_token_rings)) {
@@ -265,7 +267,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   }
   const bool chunk8_ring = chunk == 8 || down_ring == Ring::WeightsOnly;
   const Ring launched_ring = chunk8_ring ? down_ring : Ring::Standard;
-  const bool one_copy = launched_ring == Ring::OneToken || launched_ring == Ring::WeightsOnly;
+  const bool one_copy = launched_ring == Ring::OneToken || launched_ring == Ring::WeightsOnly ||
+                        launched_ring == Ring::WeightsOnlyDeep;
   const int pieces = one_copy ? 1 : experts_down_copy_pieces(tokens, sh.I, st.down_split);
   d.kernel = select_expert_kernel({.gemm = Gemm::Down,
                                    .chunk = chunk,

@@ -46,6 +46,8 @@ const char* ring_name(Ring r) {
       return "one-token";
     case Ring::WeightsOnly:
       return "weights-only";
+    case Ring::WeightsOnlyDeep:
+      return "weights-only-deep";
   }
   return "?";
 }

@@ -91,7 +91,8 @@ namespace moekit::cuda::experts_detail {
 // claiming zeroes (the dispatch, which zeroes the others, is written while it runs).
 // kFp8 (the ring of weights only): e4m3 weights with 128 x 128 tile scales, W8A8 (experts_fp8.cuh):
 // k blocks of 128 elements in the bytes of the bf16 blocks of 64, so the ring and its copies are
-// the same; the consumers quantise the activations they load and scale each block's products.
+// the same; the consumers load the activations' codes (quantize_rows_fp8.h) and scale each
+// block's products.
 template <int kMode, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
           bool kKeep = false,
           bool kTail = false, bool kHalves = false, bool kSelfRoute = false, bool kFp8 = false>
@@ -102,8 +103,14 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   static_assert(!kHalves || (kMode == kBulkGateUp && !kKeep), "kHalves: the gate/up kernel's");
   static_assert(!kSelfRoute || (kMode == kBulkGateUp && kNT == 1 && !kKeep && !kHalves),
                 "kSelfRoute: the plain chunk-8 gate/up kernel's");
-  static_assert(!kFp8 || (kRing == plan::Ring::WeightsOnly && !kKeep),
-                "kFp8: the ring of weights only, without the L2 keep");
+  static_assert(!kFp8 || ((kRing == plan::Ring::WeightsOnly ||
+                           (kRing == plan::Ring::WeightsOnlyDeep && kMode == kBulkDown &&
+                            kNT == 1 && !kTail)) &&
+                          !kKeep),
+                "kFp8: the rings of weights only (the deep one: down, one n-tile, no tail), "
+                "without the L2 keep");
+  static_assert(kRing != plan::Ring::WeightsOnlyDeep || kFp8,
+                "the deep ring of weights only: the fp8 down kernel's");
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   // whether an item (its record's `down` flag) is a down item: fixed by the mode
@@ -130,7 +137,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   // there is the same (docs/decisions/experts_bulk_design.md)
   constexpr bool kCombineInPasses = kHasDown &&
                                     (kRing == plan::Ring::Standard ||
-                                     kRing == plan::Ring::WeightsOnly) &&
+                                     kRing == plan::Ring::WeightsOnly ||
+                                     kRing == plan::Ring::WeightsOnlyDeep) &&
                                     !kSplitRows;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
   constexpr int kDownTileRows = 16;   // output rows per down item

@@ -123,6 +123,14 @@ struct BulkShape<1, plan::Ring::WeightsOnly> {
   static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
+struct BulkShape<1, plan::Ring::WeightsOnlyDeep> {
+  // 6 x 33 KB of weights only (16 x 2 KB, padded): the fp8 down kernel's for rows of <= 2 KB
+  // (DeepSeek-V3's 2048 e4m3 bytes), which fill half a stage of the ring of weights only; twice
+  // the stages keep its 192 KB of weights in flight per SM (docs/decisions/fp8_experts.md)
+  static constexpr int kStages = 6, kChunkBlocks = 16, kActRows = 0, kRowPad = 64;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+};
+template <>
 struct BulkShape<2, plan::Ring::Standard> {
   static constexpr int kStages = 5, kChunkBlocks = 8, kActRows = 16, kRowPad = 64;  // 5 x 34 KB
   static constexpr int kRedBuffers = kDefaultRedBuffers;

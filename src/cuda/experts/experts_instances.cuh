@@ -28,6 +28,8 @@ constexpr int bulk_ring(plan::Ring r) {
       return 3;
     case plan::Ring::WeightsOnly:
       return 4;
+    case plan::Ring::WeightsOnlyDeep:
+      return 5;
   }
   return -1;
 }
