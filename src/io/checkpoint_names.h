@@ -1,5 +1,5 @@
 // The tensor-name tables behind include/moekit/checkpoint.h, shared by the loader
-// (checkpoint_weights.cpp) and the writer (checkpoint_save.cpp). Patterns are relative to a layer
+// (layer_tensors.cpp) and the writer (checkpoint_save.cpp). Patterns are relative to a layer
 // prefix such as "model.layers.{L}."; "{e}" stands for the expert index.
 #pragma once
 

@@ -1,6 +1,7 @@
 // Keeping fp8 block-scale weights as they are stored (LoadOptions::expert_format = Fp8Block): the
 // checks and copies that turn a checkpoint's F8_E4M3 matrices and their scale tensors into
-// ExpertView's fp8 fields (weights.h). Used by load_checkpoint_weights (checkpoint_weights.cpp).
+// ExpertView's fp8 fields (weights.h). Used by load_checkpoint_weights
+// (checkpoint_experts_fp8.cpp).
 //
 // The e4m3 bytes are used in place in the mapping when one tensor holds the whole matrix (a
 // per-expert down_proj, a stacked gate_up_proj slice) and copied byte for byte otherwise (gate and

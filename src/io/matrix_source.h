@@ -1,6 +1,6 @@
 // A matrix inside a checkpoint tensor (MatrixSrc) and its readers: in place where it is bf16
 // already, else converted (F16/F32 widening, F8_E4M3 block dequantisation, MXFP4 decoding) into
-// bf16; float regions into fp32. Used by load_checkpoint_weights (checkpoint_weights.cpp).
+// bf16; float regions into fp32. Used by load_checkpoint_weights (checkpoint_layer.h).
 #pragma once
 
 #include <cstddef>

@@ -68,9 +68,10 @@ HostMemoryEstimate host_memory_estimate(const MoeSpec& spec, int tokens, bool fu
   const bool unfused_shared = !fused && spec.shared_kind != SharedKind::None;
   const size_t pairs = add(mul(T, slots), unfused_shared ? T : 0);
   e.inputs = mul(mul(T, H), 2);
-  // Fast backend (src/cpu/fast/fast_layer.cpp), an upper bound of the reference's too: y fp32,
-  // x as double and float, logits double and float, routing ids and weights, per pair the token,
-  // weight and two row pointers, the gate/up block of 2I floats and the down row of H floats.
+  // Fast backend (src/cpu/fast/fast_layer.cpp and fast_experts.cpp), an upper bound of the
+  // reference's too: y fp32, x as double and float, logits double and float, routing ids and
+  // weights, per pair the token, weight and two row pointers, the gate/up block of 2I floats and
+  // the down row of H floats.
   size_t a = mul(mul(T, H), 4 + 8 + 4);
   a = add(a, mul(mul(T, C), 12));
   a = add(a, add(mul(mul(T, slots), 8), mul(T, 4)));

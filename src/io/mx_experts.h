@@ -1,6 +1,6 @@
 // Keeping OCP MX weights as they are stored (LoadOptions::expert_format Mxfp4 / Mxfp8): the
 // checks and copies that turn a checkpoint's packed matrices and e8m0 scale bytes into
-// ExpertView's mx fields (weights.h). Used by load_checkpoint_weights (checkpoint_weights.cpp).
+// ExpertView's mx fields (weights.h). Used by load_checkpoint_weights (checkpoint_experts_mx.cpp).
 //
 // Bytes are used in place in the mapping when one tensor holds a matrix's rows contiguously (a
 // gpt-oss down_proj_blocks slice, an mxfp8 per-expert w2 or stacked gate_up slice) and copied

@@ -4,18 +4,20 @@
 // layers are MoE (first_k_dense_replace, decoder_sparse_step + mlp_only_layers, a moe_layer_freq
 // list, or every layer) and in defaults that their modeling code fixes rather than the config
 // (MiniMax's fp32 router, gpt-oss's clamped swiglu). This file reads them into one struct; every
-// error names the config, the key and the value.
+// error names the config, the key and the value. validate_spec, the checks every spec passes, is
+// here too; the names and the sizes derived from a spec are spec_derived.cpp's, and finding a
+// config file by name or path is spec_files.cpp's.
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/json_safe.h"
-#include "common/regular_file.h"
 #include "moekit/error.h"
 #include "moekit/spec.h"
 #include "spec/quant_config.h"
@@ -25,7 +27,6 @@ namespace moekit {
 namespace {
 
 using nlohmann::json;
-namespace fs = std::filesystem;
 
 // Reads keys of one config object and names the config in every error.
 class ConfigReader {
@@ -195,96 +196,6 @@ Scoring scoring_of(const ConfigReader& c, const std::string& family) {
 }
 
 }  // namespace
-
-const char* scoring_name(Scoring s) {
-  switch (s) {
-    case Scoring::Softmax:
-      return "softmax";
-    case Scoring::Sigmoid:
-      return "sigmoid";
-    case Scoring::SqrtSoftplus:
-      return "sqrtsoftplus";
-    case Scoring::SoftmaxOfTopk:
-      return "softmax-of-topk";
-  }
-  return "?";
-}
-
-const char* shared_kind_name(SharedKind k) {
-  switch (k) {
-    case SharedKind::None:
-      return "none";
-    case SharedKind::Plain:
-      return "plain";
-    case SharedKind::Gated:
-      return "gated";
-  }
-  return "?";
-}
-
-const char* activation_name(Activation a) {
-  switch (a) {
-    case Activation::Silu:
-      return "silu";
-    case Activation::SwigluOaiInterleaved:
-      return "swiglu-oai-interleaved";
-    case Activation::SwigluOai:
-      return "swigluoai";
-  }
-  return "?";
-}
-
-int MoeSpec::shared_slots() const {
-  if (shared_kind == SharedKind::None || shared_intermediate <= 0 || expert_intermediate <= 0)
-    return 0;
-  return shared_intermediate % expert_intermediate == 0 ? shared_intermediate / expert_intermediate
-                                                        : 0;
-}
-
-bool MoeSpec::is_moe_layer(int layer) const {
-  return std::binary_search(moe_layers.begin(), moe_layers.end(), layer);
-}
-
-size_t MoeSpec::expert_bytes() const {
-  return size_t{3} * static_cast<size_t>(expert_intermediate) * static_cast<size_t>(hidden) * 2;
-}
-size_t MoeSpec::shared_bytes() const {
-  return size_t{3} * static_cast<size_t>(shared_intermediate) * static_cast<size_t>(hidden) * 2;
-}
-// gate [I, H] and up [I, H] tiled separately, down [H, I]: scales of ceil(rows/128) x
-// ceil(cols/128) tiles each.
-static size_t fp8_mlp_bytes(size_t width, size_t hidden) {
-  const auto tiles = [](size_t n) { return (n + 127) / 128; };
-  const size_t scales = 2 * tiles(width) * tiles(hidden) + tiles(hidden) * tiles(width);
-  return 3 * width * hidden + 4 * scales;
-}
-size_t MoeSpec::fp8_expert_bytes() const {
-  return fp8_mlp_bytes(static_cast<size_t>(expert_intermediate), static_cast<size_t>(hidden));
-}
-size_t MoeSpec::fp8_shared_bytes() const {
-  return shared_intermediate > 0 ? fp8_mlp_bytes(static_cast<size_t>(shared_intermediate),
-                                                 static_cast<size_t>(hidden))
-                                 : 0;
-}
-// gate, up [I, H] and down [H, I]: 3 I H elements, one e8m0 byte per 32 of them.
-static size_t mx_mlp_bytes(QuantKind kind, size_t width, size_t hidden) {
-  const size_t elements = 3 * width * hidden;
-  if (kind == QuantKind::Mxfp4) return elements / 2 + elements / 32;
-  if (kind == QuantKind::Mxfp8) return elements + elements / 32;
-  return 0;
-}
-size_t MoeSpec::mx_expert_bytes() const {
-  return mx_mlp_bytes(quant.kind, static_cast<size_t>(expert_intermediate),
-                      static_cast<size_t>(hidden));
-}
-size_t MoeSpec::mx_shared_bytes() const {
-  return mx_mlp_bytes(quant.kind, static_cast<size_t>(shared_intermediate),
-                      static_cast<size_t>(hidden));
-}
-size_t MoeSpec::router_bytes() const {
-  return static_cast<size_t>(router_columns()) * static_cast<size_t>(hidden) *
-         dtype_size(router_dtype);
-}
 
 MoeSpec parse_spec_json(const std::string& json_text, const std::string& name,
                         const SpecOptions& options) {
@@ -461,62 +372,6 @@ void validate_spec(const MoeSpec& s, bool require_fusable) {
                         << "the expert width; shared width = " << s.shared_intermediate
                         << ", expert intermediate size = " << s.expert_intermediate);
   }
-}
-
-std::string config_dir() {
-  if (const char* env = std::getenv("MOEKIT_CONFIG_DIR"); env && *env) return env;
-  // An installed program (the CLI in <prefix>/bin) reads the configs installed beside it, wherever
-  // the prefix was installed or moved to, before the source tree it was built from.
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const fs::path installed = exe.parent_path().parent_path() / "share" / "moekit" / "configs";
-    if (fs::is_directory(installed, ec)) return installed.string();
-  }
-#ifdef MOEKIT_SOURCE_CONFIG_DIR
-  if (fs::is_directory(MOEKIT_SOURCE_CONFIG_DIR)) return MOEKIT_SOURCE_CONFIG_DIR;
-#endif
-#ifdef MOEKIT_INSTALL_CONFIG_DIR
-  if (fs::is_directory(MOEKIT_INSTALL_CONFIG_DIR)) return MOEKIT_INSTALL_CONFIG_DIR;
-#endif
-  return "configs";
-}
-
-std::vector<std::string> list_model_names() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(config_dir(), ec)) {
-    if (entry.path().extension() == ".json") names.push_back(entry.path().stem().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-MoeSpec load_spec(const std::string& name_or_path, const SpecOptions& options) {
-  MK_CHECK(!name_or_path.empty(), "empty model name: expected a short name (e.g. deepseek-v3) or "
-                                  "a path to a config.json");
-  fs::path path(name_or_path);
-  std::string display = name_or_path;
-  if (fs::is_directory(path)) {
-    path /= "config.json";
-    MK_CHECK(fs::is_regular_file(path), "directory '" << name_or_path << "' holds no config.json");
-  } else if (!fs::exists(path)) {
-    const bool looks_like_path = name_or_path.find('/') != std::string::npos ||
-                                 (name_or_path.size() > 5 &&
-                                  name_or_path.substr(name_or_path.size() - 5) == ".json");
-    MK_CHECK(!looks_like_path, "config file '" << name_or_path << "' does not exist");
-    path = fs::path(config_dir()) / (name_or_path + ".json");
-    if (!fs::exists(path)) {
-      std::ostringstream known;
-      for (const auto& n : list_model_names()) known << " " << n;
-      MK_FAIL("unknown model '" << name_or_path << "': no file " << path.string()
-                                << "; known models:" << known.str());
-    }
-  }
-  MoeSpec spec = parse_spec_json(
-      read_regular_file(path.string(), "config file", kMaxConfigBytes), display, options);
-  spec.source_path = path.string();
-  return spec;
 }
 
 }  // namespace moekit

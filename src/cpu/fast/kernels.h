@@ -1,7 +1,7 @@
 // The per-ISA inner loops of the fast CPU backend, as a table of function pointers filled by
 // kernels_avx512.cpp, kernels_avx2.cpp (compiled with those -m flags) and kernels_portable.cpp.
-// The layer (fast_layer.cpp) only calls through this table after checking the CPU's features, so
-// no AVX instruction runs on a CPU without it.
+// The layer (fast_layer.cpp, expert_jobs.cpp) only calls through this table after checking the
+// CPU's features (isa_select.cpp), so no AVX instruction runs on a CPU without it.
 //
 // All GEMMs here are "many rows of weights against a few activation vectors": the weights are the
 // large, streamed operand (each row read once per call), the activations stay in cache. Every

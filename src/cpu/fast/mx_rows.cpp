@@ -8,7 +8,7 @@ namespace moekit::cpu_fast::detail {
 
 namespace {
 
-// Rows per dequantisation chunk: the bf16 kernels' 4-row tiles (fast_layer.cpp's fp8 chunks).
+// Rows per dequantisation chunk: the bf16 kernels' 4-row tiles (expert_jobs.cpp's fp8 chunks).
 constexpr int kChunkRows = 4;
 
 }  // namespace
@@ -33,7 +33,7 @@ void mx_project(const Kernels& kern, const MxMatrix& w, int r0, int r1, int k,
       }
     }
   }
-  // why: a grown, never shrunk buffer per thread (fast_layer.cpp's scratch rule)
+  // why: a grown, never shrunk buffer per thread (fast_common.h's scratch rule)
   thread_local std::vector<Bf16> buffer;
   if (buffer.size() < static_cast<size_t>(kChunkRows) * k) buffer.resize(static_cast<size_t>(kChunkRows) * k);
   const auto dequant = fp4 ? kern.dequant_mxfp4_row : kern.dequant_mxfp8_row;

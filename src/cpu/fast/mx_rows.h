@@ -1,4 +1,4 @@
-// The fast CPU layer's projections on MX weights (fast_layer.cpp): rows of an MX matrix against
+// The fast CPU layer's projections on MX weights (expert_jobs.cpp): rows of an MX matrix against
 // a job's tokens, through the fused decode kernels at 1-2 tokens (kernels.h dot_rows_mx*) and
 // otherwise 4 rows at a time dequantised (dequant_mx*_row) into a per-thread bf16 buffer for the
 // bf16 kernels. Both give each output element the sum the bf16 kernels give on the dequantised
