@@ -41,8 +41,8 @@ inline void run_units(int threads, size_t count, const std::function<void(size_t
 }
 
 // A thread's scratch buffer, grown but never shrunk. why: a decode step allocates the same few MB
-// every call; fresh allocations of that size are mmap'd and page-faulted each time (measured ~5%
-// of a Qwen3 T=32 forward), reused ones are not.
+// every call; fresh allocations of that size are mmap'd and page-faulted each time, reused ones
+// are not.
 template <typename T>
 T* scratch(std::vector<T>& buffer, size_t n) {
   if (buffer.size() < n) buffer.resize(n);
