@@ -5,6 +5,7 @@
 
 #include "moekit/error.h"
 #include "moekit/plan.h"
+#include "moekit/spec.h"
 #include "plan/expert_kernels.h"
 #include "plan/expert_rules.h"
 
@@ -74,6 +75,26 @@ TEST(PlanRules, OneTokenRingsOnlyAtOneTokenAndForTheRowsMeasured) {
   EXPECT_FALSE(experts_down_wide_one_token_ring(1, 1536, 1));  // 3 KB rows: unmeasured
   EXPECT_FALSE(experts_down_wide_one_token_ring(1, 2880, 1));  // gpt-oss: two chunks a row
   EXPECT_FALSE(experts_down_wide_one_token_ring(1, 2048, 0));  // turned off
+}
+
+// docs/decisions/fp8_experts.md (rule 9): fp8 down rows of <= 2 KB (k e4m3 bytes), unless off
+TEST(PlanRules, Fp8DownRowsOfAtMost2KBTakeTheDeepRingOfWeightsOnly) {
+  EXPECT_TRUE(experts_down_deep_fp8_ring(2048, kDownDeepTokens));  // DeepSeek-V3, Kimi-K2
+  EXPECT_TRUE(experts_down_deep_fp8_ring(1536, kDownDeepTokens));  // MiniMax-M2
+  EXPECT_FALSE(experts_down_deep_fp8_ring(2176, kDownDeepTokens));
+  EXPECT_FALSE(experts_down_deep_fp8_ring(2048, 0));  // MOEKIT_EXPERTS_DOWN_DEEP=0
+  // in the plan: DeepSeek-V3 in fp8 at one token, and the deep ring only in fp8
+  const MoeSpec ds = load_spec("deepseek-v3");
+  const DeviceInfo sm90 = device_profile("sm90");
+  auto down = [&](DType dt, PlanOverrides o) {
+    const LayerPlan p = plan_layer(ds, 1, FuseShared::Auto, o, sm90, dt);
+    return std::string(expert_kernels()[p.experts.back().kernel].name);
+  };
+  EXPECT_EQ(down(DType::F8_E4M3, {}), "bulk_down_weights_only_deep_fp8");
+  PlanOverrides off;
+  off.down_deep_tokens = 0;
+  EXPECT_EQ(down(DType::F8_E4M3, off), "bulk_down_weights_only_fp8");
+  EXPECT_EQ(down(DType::BF16, {}).find("deep"), std::string::npos);
 }
 
 // docs/decisions/experts_l2_acts_ring.md
