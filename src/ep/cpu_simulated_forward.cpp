@@ -113,8 +113,10 @@ std::vector<RankResult> simulated_forward(const MoeSpec& spec, const Placement& 
         std::memcpy(dst.recv_x.data() + static_cast<size_t>(lay.row_offset[s] + j) * H,
                     tokens[s].x + static_cast<size_t>(t) * H, sizeof(Bf16) * H);
       }
-      std::memcpy(dst.recv_pairs.data() + lay.pair_offset[s],
-                  plan.pairs.data() + plan.pair_begin[d], sizeof(Pair) * plan.pairs_to(d));
+      if (plan.pairs_to(d) > 0) {  // (an empty block's buffers may be null)
+        std::memcpy(dst.recv_pairs.data() + lay.pair_offset[s],
+                    plan.pairs.data() + plan.pair_begin[d], sizeof(Pair) * plan.pairs_to(d));
+      }
       if (s != d) {
         results[s].remote_bytes_dispatch +=
             static_cast<int64_t>(plan.rows_to(d)) * H * sizeof(Bf16) +
@@ -160,6 +162,7 @@ std::vector<RankResult> simulated_forward(const MoeSpec& spec, const Placement& 
     RankState& src = ranks[s];
     src.back.assign(plan.pairs.size() * static_cast<size_t>(H), 0.0);
     for (int d = 0; d < W; ++d) {
+      if (plan.pairs_to(d) == 0) continue;
       std::memcpy(src.back.data() + static_cast<size_t>(plan.pair_begin[d]) * H,
                   ranks[d].recv_out.data() + static_cast<size_t>(layouts[d].pair_offset[s]) * H,
                   sizeof(double) * H * plan.pairs_to(d));
