@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what moekit needs to build and test: Debian's packages, then the pinned PyPI packages
-# (the Python package's torch, transformers, pytest, scikit-build-core; CUTLASS headers)
+# (the Python package's torch, transformers, pytest, scikit-build-core; CUTLASS headers; NCCL)
 # into .venv. Idempotent.
 # CUDA is optional: when nvcc is on the PATH (or in /usr/local/cuda/bin) the CUDA backend builds too.
 set -euo pipefail
@@ -52,5 +52,18 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
     # (headers only: the wheel's Python generator and its dependencies are not used)
     "$venv_python" -m pip install -q --disable-pip-version-check --no-deps \
       "nvidia-cutlass==$cutlass_version"
+  fi
+fi
+
+# NCCL for expert parallelism (cmake/nccl.cmake, MOEKIT_NCCL): PyPI's nvidia-nccl-cu13 wheel
+# (nccl.h and libnccl.so.2), pinned to the version torch above requires, into .venv. Only where
+# nvcc exists (CUDA builds).
+nccl_version="2.30.7"
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  have=$("$venv_python" -m pip show nvidia-nccl-cu13 2>/dev/null | sed -n 's/^Version: //p' || true)
+  if [ "$have" != "$nccl_version" ]; then
+    echo "installing: nvidia-nccl-cu13==$nccl_version into .venv"
+    "$venv_python" -m pip install -q --disable-pip-version-check --no-deps \
+      "nvidia-nccl-cu13==$nccl_version"
   fi
 fi

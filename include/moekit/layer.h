@@ -61,6 +61,13 @@ void expert_forward(const MoeSpec& spec, const ExpertView& ex, const Bf16* x, fl
 void shared_forward(const LayerWeights& w, const Bf16* x, float* out,
                     Fp8Compute fp8 = Fp8Compute::W8A8);
 
+// The same two in double, unrounded: the values experts() sums (in slot order, then the shared
+// MLP), so a caller that sums them in that order (the expert-parallel combine) gets its y bitwise.
+void expert_forward_f64(const MoeSpec& spec, const ExpertView& ex, const Bf16* x, double* out,
+                        Fp8Compute fp8 = Fp8Compute::W8A8);
+void shared_forward_f64(const LayerWeights& w, const Bf16* x, double* out,
+                        Fp8Compute fp8 = Fp8Compute::W8A8);
+
 // The experts and the combine on a routing `r` (r.slots per token: the k routed ids, then the
 // fused slots E..E+S-1 when it holds them): y[t] = sum_s w[t,s] * E_id(x_t), plus
 // r.shared_scale[t] * shared(x_t) when add_shared (unfused). Routed experts outside

@@ -359,20 +359,28 @@ std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int token
   return logits;
 }
 
+void expert_forward_f64(const MoeSpec& spec, const ExpertView& ex, const Bf16* x, double* out,
+                        Fp8Compute fp8) {
+  const std::vector<double> xd = to_double(x, spec.hidden);
+  mlp_forward(spec, expert_view(spec, ex, fp8), xd.data(), out);
+}
+
+void shared_forward_f64(const LayerWeights& w, const Bf16* x, double* out, Fp8Compute fp8) {
+  const std::vector<double> xd = to_double(x, w.spec().hidden);
+  mlp_forward(w.spec(), shared_view(w, fp8), xd.data(), out);
+}
+
 void expert_forward(const MoeSpec& spec, const ExpertView& ex, const Bf16* x, float* out,
                     Fp8Compute fp8) {
-  const std::vector<double> xd = to_double(x, spec.hidden);
   std::vector<double> yd(spec.hidden);
-  mlp_forward(spec, expert_view(spec, ex, fp8), xd.data(), yd.data());
+  expert_forward_f64(spec, ex, x, yd.data(), fp8);
   for (int h = 0; h < spec.hidden; ++h) out[h] = static_cast<float>(yd[h]);
 }
 
 void shared_forward(const LayerWeights& w, const Bf16* x, float* out, Fp8Compute fp8) {
-  const MoeSpec& spec = w.spec();
-  const std::vector<double> xd = to_double(x, spec.hidden);
-  std::vector<double> yd(spec.hidden);
-  mlp_forward(spec, shared_view(w, fp8), xd.data(), yd.data());
-  for (int h = 0; h < spec.hidden; ++h) out[h] = static_cast<float>(yd[h]);
+  std::vector<double> yd(w.spec().hidden);
+  shared_forward_f64(w, x, yd.data(), fp8);
+  for (int h = 0; h < w.spec().hidden; ++h) out[h] = static_cast<float>(yd[h]);
 }
 
 std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, const Routing& r,

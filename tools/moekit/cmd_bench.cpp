@@ -4,6 +4,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "forward_backends.h"
+#include "moekit/ep_nccl.h"
 #include "moekit/error.h"
 #include "token_list.h"
 
@@ -34,9 +35,22 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype,
                   "Experts' dtype (cuda): bf16|fp8|config (what the config declares)")
       ->capture_default_str();
+  auto ep = std::make_shared<int>(1);
+  cmd->add_option("--ep", *ep, "Expert-parallel ranks (GPUs); 1 = one GPU holds every expert")
+      ->capture_default_str()
+      ->check(decimal_integer(true));
   cmd->require_subcommand(0, 1);
-  cmd->callback([cmd, o, batches, fuse] {
+  cmd->callback([cmd, o, batches, fuse, ep] {
     if (!cmd->get_subcommands().empty()) return;  // a sub-benchmark ran instead
+    MK_CHECK(*ep >= 1, "bench: expected --ep >= 1, got " << *ep);
+    if (*ep > 1) {
+      const ep::NcclSupport& nccl = ep::nccl_support();
+      MK_CHECK(nccl.on(), "bench --ep " << *ep << ": " << nccl.describe());
+      MK_FAIL("bench --ep " << *ep << ": the multi-GPU expert-parallel bench is not built yet ("
+                            << nccl.describe()
+                            << "); the placement, the dispatch plans and their CPU simulation "
+                               "are (moekit/ep.h, moekit/ep_cpu.h)");
+    }
     MK_CHECK(!o->model.empty(), "bench: --model is required");
     o->batches = parse_token_list(*batches, "--batch");
     o->fuse = fuse_shared_from_env(parse_fuse_shared(*fuse));
