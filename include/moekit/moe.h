@@ -92,10 +92,20 @@ struct MoeWeightsView {
   bool holds_shared() const { return fused_slots > 0 || shared_w13 != nullptr; }
 };
 
-// Throws naming the first problem: a tensor the spec needs that is null, a stride smaller than
-// one expert's matrix, an expert slice outside [0, E), fused_slots neither 0 nor S, half of the
-// unfused shared MLP.
-void validate_view(const MoeSpec& spec, const MoeWeightsView& view);
+// The parts of a view one call reads; validate_view checks those only, so an engine that calls
+// experts() on its own routing need not hand over a router, and route() needs no stacks.
+enum class ViewUse {
+  Layer,        // forward: everything below
+  Router,       // route(x): router_weight, router_bias, correction_bias
+  RoutingBias,  // route_logits: correction_bias
+  Experts,      // experts(): the stacks, their biases, the slice, the shared expert
+};
+const char* view_use_name(ViewUse u);  // the call's name: "forward", "route", ...
+
+// Throws naming the first problem in what `use` reads: a tensor the spec needs that is null, a
+// stride smaller than one expert's matrix, an expert slice outside [0, E), fused_slots neither
+// 0 nor S, half of the unfused shared MLP.
+void validate_view(const MoeSpec& spec, const MoeWeightsView& view, ViewUse use = ViewUse::Layer);
 
 // Row `local_row` of the view's stacks as an ExpertView (host or device pointers alike).
 ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& view, int local_row);
@@ -103,10 +113,12 @@ ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& view, int loca
 // A LayerWeights over a host view: every CPU backend (cpu_reference::forward, cpu_fast::forward)
 // runs on the borrowed weights, nothing copied. expert(e) takes global ids: routed
 // [expert_offset, expert_offset + expert_count) and the fused slots E..E+S-1 when held; any other
-// id throws naming the range held. The view's memory must outlive the object.
+// id throws naming the range held. The view's memory must outlive the object. `use` is what the
+// caller will read (validate_view); the parts it leaves out may be null.
 class ViewLayerWeights final : public LayerWeights {
  public:
-  ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& view, int layer = 0);
+  ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& view, int layer = 0,
+                   ViewUse use = ViewUse::Layer);
   const void* router_weight() const override { return view_.router_weight; }
   const float* router_bias() const override;
   const float* correction_bias() const override;

@@ -160,13 +160,8 @@ std::tuple<at::Tensor, at::Tensor> route(Location loc, const at::Tensor& router_
   }
   auto ids = at::empty({T, s.top_k}, logits.options().dtype(at::kInt));
   auto weights = at::empty({T, s.top_k}, logits.options());
-  // route_logits reads neither the router matrix nor its bias (they are in the logits already);
-  // the view's validation asks for them, so they point at the logits.
-  b.view.router_weight = logits.data_ptr();
-  b.view.router_bias = logits.data_ptr<float>();
+  // route_logits reads the correction bias only (the router and its bias made the logits)
   b.view.location = loc;
-  b.view.w13 = nullptr;
-  b.view.expert_count = 0;
   run(loc, s, static_cast<int>(T), device, [&](MoeOp& op, void* ws, size_t bytes, CUstream_st* st) {
     op.route_logits(b.view, logits.data_ptr<float>(), static_cast<int>(T), ids.data_ptr<int32_t>(),
                     weights.data_ptr<float>(), nullptr, ws, bytes, st);
@@ -192,11 +187,7 @@ at::Tensor fused_experts(Location loc, const at::Tensor& x, const at::Tensor& w1
   Borrowed b;
   b.view.location = loc;
   set_experts(s, b, w13, w2, b13, b2, expert_offset, device);
-  // experts() reads no router; the view's validation asks for one (and for the routing's
-  // biases), so they point at the routing weights.
-  b.view.router_weight = weights.data_ptr();
-  b.view.router_bias = weights.data_ptr<float>();
-  b.view.correction_bias = weights.data_ptr<float>();
+  // experts() reads the stacks only: the view holds no router and no routing biases
   auto y = at::empty({T, s.hidden}, xb.options());
   ExpertsOptions eo;
   eo.add_shared = false;

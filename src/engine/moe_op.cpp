@@ -81,8 +81,9 @@ MoeOp::Gpu& MoeOp::gpu(const char* what) const {
 
 namespace {
 
-void check_call(const MoeSpec& spec, const MoeOptions& opt, const MoeWeightsView& w, int tokens) {
-  validate_view(spec, w);
+void check_call(const MoeSpec& spec, const MoeOptions& opt, const MoeWeightsView& w, int tokens,
+                ViewUse use) {
+  validate_view(spec, w, use);
   MK_CHECK(tokens >= 0 && tokens <= opt.max_tokens,
            "expected 0 <= tokens <= max_tokens (" << opt.max_tokens << "), got " << tokens);
 }
@@ -123,7 +124,7 @@ void store_routing(const MoeSpec& spec, const Routing& r, int32_t* ids, float* w
 
 void MoeOp::forward(const MoeWeightsView& w, const void* x, void* y, int tokens, void* workspace,
                     size_t bytes, CUstream_st* stream) {
-  check_call(spec_, options_, w, tokens);
+  check_call(spec_, options_, w, tokens, ViewUse::Layer);
   if (tokens == 0) return;
   MK_CHECK(x != nullptr && y != nullptr, "forward: x or y is null");
   if (w.location == Location::Device) {
@@ -144,7 +145,7 @@ void MoeOp::forward(const MoeWeightsView& w, const void* x, void* y, int tokens,
 void MoeOp::route(const MoeWeightsView& w, const void* x, int tokens, int32_t* topk_ids,
                   float* topk_weights, float* shared_scale, void* workspace, size_t bytes,
                   CUstream_st* stream) {
-  check_call(spec_, options_, w, tokens);
+  check_call(spec_, options_, w, tokens, ViewUse::Router);
   if (tokens == 0) return;
   MK_CHECK(x != nullptr && topk_ids != nullptr && topk_weights != nullptr,
            "route: x, topk_ids or topk_weights is null");
@@ -155,7 +156,7 @@ void MoeOp::route(const MoeWeightsView& w, const void* x, int tokens, int32_t* t
   }
   const Bf16* xb = static_cast<const Bf16*>(x);
   check_finite_input(xb, tokens, spec_.hidden);
-  const ViewLayerWeights lw(spec_, w);
+  const ViewLayerWeights lw(spec_, w, 0, ViewUse::Router);
   const std::vector<float> logits = host_logits(options_, lw, xb, tokens);
   const Routing r = cpu_reference::route(RoutingConfig::from_spec(spec_, false), logits.data(),
                                          tokens, lw.correction_bias());
@@ -165,7 +166,7 @@ void MoeOp::route(const MoeWeightsView& w, const void* x, int tokens, int32_t* t
 void MoeOp::route_logits(const MoeWeightsView& w, const float* logits, int tokens,
                          int32_t* topk_ids, float* topk_weights, float* shared_scale,
                          void* workspace, size_t bytes, CUstream_st* stream) {
-  check_call(spec_, options_, w, tokens);
+  check_call(spec_, options_, w, tokens, ViewUse::RoutingBias);
   if (tokens == 0) return;
   MK_CHECK(logits != nullptr && topk_ids != nullptr && topk_weights != nullptr,
            "route_logits: logits, topk_ids or topk_weights is null");
@@ -174,7 +175,7 @@ void MoeOp::route_logits(const MoeWeightsView& w, const float* logits, int token
                       shared_scale, workspace, bytes, stream);
     return;
   }
-  const ViewLayerWeights lw(spec_, w);
+  const ViewLayerWeights lw(spec_, w, 0, ViewUse::RoutingBias);
   const Routing r = cpu_reference::route(RoutingConfig::from_spec(spec_, false), logits, tokens,
                                          lw.correction_bias());
   store_routing(spec_, r, topk_ids, topk_weights, shared_scale);
@@ -183,7 +184,7 @@ void MoeOp::route_logits(const MoeWeightsView& w, const float* logits, int token
 void MoeOp::experts(const MoeWeightsView& w, const void* x, const int32_t* topk_ids,
                     const float* topk_weights, void* y, int tokens, const ExpertsOptions& eo,
                     void* workspace, size_t bytes, CUstream_st* stream) {
-  check_call(spec_, options_, w, tokens);
+  check_call(spec_, options_, w, tokens, ViewUse::Experts);
   if (tokens == 0) return;
   MK_CHECK(x != nullptr && topk_ids != nullptr && topk_weights != nullptr && y != nullptr,
            "experts: x, topk_ids, topk_weights or y is null");
@@ -194,7 +195,7 @@ void MoeOp::experts(const MoeWeightsView& w, const void* x, const int32_t* topk_
   }
   const Bf16* xb = static_cast<const Bf16*>(x);
   check_finite_input(xb, tokens, spec_.hidden);
-  const ViewLayerWeights lw(spec_, w);
+  const ViewLayerWeights lw(spec_, w, 0, ViewUse::Experts);
   const int E = spec_.num_experts, k = spec_.top_k;
   const bool fused = eo.add_shared && engine_gpu::fused_for(w, options_.fuse, nullptr);
   const bool add_shared = eo.add_shared && !fused && w.shared_w13 != nullptr;

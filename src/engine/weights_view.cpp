@@ -9,6 +9,20 @@ namespace moekit {
 
 const char* location_name(Location l) { return l == Location::Host ? "host" : "device"; }
 
+const char* view_use_name(ViewUse u) {
+  switch (u) {
+    case ViewUse::Layer:
+      return "forward";
+    case ViewUse::Router:
+      return "route";
+    case ViewUse::RoutingBias:
+      return "route_logits";
+    case ViewUse::Experts:
+      return "experts";
+  }
+  return "?";
+}
+
 namespace {
 
 // One stack's stride: `given` elements, 0 = dense; never smaller than one expert's matrix.
@@ -19,13 +33,25 @@ int64_t stack_stride(int64_t given, int64_t dense, const char* name, const char*
   return given == 0 ? dense : given;
 }
 
-}  // namespace
+// The router and the routing's biases: what route() and forward() read.
+void validate_router(const MoeSpec& spec, const MoeWeightsView& v, ViewUse use) {
+  if (use == ViewUse::Layer || use == ViewUse::Router) {
+    MK_CHECK(v.router_weight != nullptr, "router_weight of " << spec.name << " is null ("
+                                                             << view_use_name(use)
+                                                             << " reads the router)");
+    MK_CHECK(spec.router_dtype == DType::BF16 || spec.router_dtype == DType::F32,
+             "expected router dtype BF16 or F32, got " << dtype_name(spec.router_dtype));
+    MK_CHECK(!spec.has_router_bias || v.router_bias != nullptr,
+             spec.name << " has a router bias (gpt-oss) but router_bias is null");
+  }
+  MK_CHECK(!spec.has_correction_bias || v.correction_bias != nullptr,
+           spec.name << " has an e_score_correction_bias but correction_bias is null");
+}
 
-void validate_view(const MoeSpec& spec, const MoeWeightsView& v) {
+// The stacks, their biases and the shared expert: what experts() and forward() read.
+void validate_experts(const MoeSpec& spec, const MoeWeightsView& v) {
   const int E = spec.num_experts;
   const int64_t H = spec.hidden, I = spec.expert_intermediate;
-  MK_CHECK(v.location == Location::Host || v.location == Location::Device,
-           "expected view location host or device, got " << static_cast<int>(v.location));
   MK_CHECK(v.expert_offset >= 0 && v.expert_offset <= E, "expected expert_offset in [0, "
                                                              << E << "] for " << spec.name
                                                              << ", got " << v.expert_offset);
@@ -35,13 +61,6 @@ void validate_view(const MoeSpec& spec, const MoeWeightsView& v) {
                             << ") is outside the " << E << " experts of " << spec.name
                             << " (expert_offset " << v.expert_offset << ", expert_count "
                             << v.expert_count << ")");
-  MK_CHECK(v.router_weight != nullptr, "router_weight of " << spec.name << " is null");
-  MK_CHECK(spec.router_dtype == DType::BF16 || spec.router_dtype == DType::F32,
-           "expected router dtype BF16 or F32, got " << dtype_name(spec.router_dtype));
-  MK_CHECK(!spec.has_router_bias || v.router_bias != nullptr,
-           spec.name << " has a router bias (gpt-oss) but router_bias is null");
-  MK_CHECK(!spec.has_correction_bias || v.correction_bias != nullptr,
-           spec.name << " has an e_score_correction_bias but correction_bias is null");
   const bool has_shared = spec.shared_kind != SharedKind::None && spec.shared_intermediate > 0;
   MK_CHECK(v.fused_slots == 0 || (has_shared && v.fused_slots == spec.shared_slots()),
            "expected fused_slots 0 or " << spec.shared_slots() << " (the shared slots of "
@@ -67,6 +86,15 @@ void validate_view(const MoeSpec& spec, const MoeWeightsView& v) {
   }
 }
 
+}  // namespace
+
+void validate_view(const MoeSpec& spec, const MoeWeightsView& v, ViewUse use) {
+  MK_CHECK(v.location == Location::Host || v.location == Location::Device,
+           "expected view location host or device, got " << static_cast<int>(v.location));
+  if (use != ViewUse::Experts) validate_router(spec, v, use);
+  if (use == ViewUse::Layer || use == ViewUse::Experts) validate_experts(spec, v);
+}
+
 ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& v, int local_row) {
   const int64_t H = spec.hidden, I = spec.expert_intermediate;
   const int64_t s13 = v.w13_expert_stride == 0 ? 2 * I * H : v.w13_expert_stride;
@@ -84,11 +112,12 @@ ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& v, int local_r
   return ex;
 }
 
-ViewLayerWeights::ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& view, int layer)
+ViewLayerWeights::ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& view, int layer,
+                                   ViewUse use)
     : LayerWeights(spec, layer), view_(view) {
   MK_CHECK(view.location == Location::Host,
            "ViewLayerWeights runs the CPU backends on host weights, got a device view");
-  validate_view(spec, view);
+  validate_view(spec, view, use);
 }
 
 const float* ViewLayerWeights::router_bias() const {
