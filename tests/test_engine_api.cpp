@@ -354,12 +354,20 @@ TEST(EngineApiView, ExpertsRejectIdsOutOfRangeAndTooManyTokens) {
   MoeOptions opt;
   opt.max_tokens = 2;
   MoeOp op(spec, opt);
+  EXPECT_TRUE(op.read_host_status().ok());
   expect_error(
       [&] {
         op.experts(st.view, x.data(), ids.data(), w.data(), y.data(), tokens, {}, nullptr, 0,
                    nullptr);
       },
       {"topk_ids[1, 3] = 16", "outside [0, 16)"});
+  // the host call reports the device's status bit too, until it is read and cleared
+  EXPECT_EQ(op.read_host_status(false).word(), kStatusExpertIdOutOfRange);
+  const MoeStatus s = op.read_host_status();
+  EXPECT_TRUE(s.expert_id_out_of_range);
+  EXPECT_NE(s.message().find("outside [0, E)"), std::string::npos) << s.message();
+  EXPECT_TRUE(op.read_host_status().ok()) << "cleared by the read";
+  EXPECT_EQ(MoeStatus::from_word(kStatusExpertIdOutOfRange).word(), kStatusExpertIdOutOfRange);
   expect_error([&] { op.forward(st.view, x.data(), y.data(), 3, nullptr, 0, nullptr); },
                {"max_tokens (2)", "got 3"});
   // a slice holding other experts: ViewLayerWeights names what it holds

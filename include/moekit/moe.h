@@ -47,6 +47,7 @@
 // returns once the stream has synchronised; the outputs of that call are then undefined.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -151,11 +152,20 @@ struct MoeOptions {
 // need none).
 size_t workspace_bytes(const MoeSpec& spec, int max_tokens, const MoeOptions& options);
 
-// What the device saw, read after the stream synchronised (MoeOp::read_status).
+// The status word's bits: what the device saw, read after the stream synchronised
+// (MoeOp::read_status). The host calls report the same bits (MoeOp::read_host_status), and throw.
+inline constexpr uint32_t kStatusExpertIdOutOfRange = 1u;  // a pair's expert outside [0, E)
+
 struct MoeStatus {
   bool expert_id_out_of_range = false;  // a pair's expert outside [0, E) (its pair was dropped)
   bool ok() const { return !expert_id_out_of_range; }
   std::string message() const;  // "" when ok
+  uint32_t word() const { return expert_id_out_of_range ? kStatusExpertIdOutOfRange : 0u; }
+  static MoeStatus from_word(uint32_t word) {
+    MoeStatus s;
+    s.expert_id_out_of_range = (word & kStatusExpertIdOutOfRange) != 0;
+    return s;
+  }
 };
 
 // Where the shared expert goes in experts().
@@ -216,6 +226,10 @@ class MoeOp {
   // The device workspace's status since it was prepared or last cleared; synchronises `stream`.
   // clear: reset it after reading.
   MoeStatus read_status(void* workspace, CUstream_st* stream, bool clear = true) const;
+  // The same bits from this op's host calls since it was made or last cleared: a host call that
+  // meets what the device reports in its status word (an expert id outside [0, E) in experts())
+  // sets it, then throws naming the problem. Lets one status check serve both locations.
+  MoeStatus read_host_status(bool clear = true);
 
   struct Gpu;  // the CUDA side (src/cuda/engine/), absent until prepare_workspace
 
@@ -224,6 +238,7 @@ class MoeOp {
   MoeSpec spec_;
   MoeOptions options_;
   Gpu* gpu_ = nullptr;  // owned (destroyed by ~MoeOp)
+  std::atomic<uint32_t> host_status_{0};
 };
 
 }  // namespace moekit

@@ -211,8 +211,10 @@ void MoeOp::experts(const MoeWeightsView& w, const void* x, const int32_t* topk_
     const float scale = eo.shared_scale != nullptr ? eo.shared_scale[t] : 1.0f;
     for (int j = 0; j < k; ++j) {
       const int32_t id = topk_ids[static_cast<size_t>(t) * k + j];
-      MK_CHECK(id >= 0 && id < E,
-               "topk_ids[" << t << ", " << j << "] = " << id << " is outside [0, " << E << ")");
+      if (id < 0 || id >= E) {
+        host_status_.fetch_or(kStatusExpertIdOutOfRange);
+        MK_FAIL("topk_ids[" << t << ", " << j << "] = " << id << " is outside [0, " << E << ")");
+      }
       r.ids[static_cast<size_t>(t) * r.slots + j] = id;
       r.weights[static_cast<size_t>(t) * r.slots + j] =
           topk_weights[static_cast<size_t>(t) * k + j];
@@ -224,6 +226,10 @@ void MoeOp::experts(const MoeWeightsView& w, const void* x, const int32_t* topk_
     if (add_shared) r.shared_scale[t] = scale;
   }
   store_bf16(host_experts(options_, lw, xb, tokens, r, add_shared), y);
+}
+
+MoeStatus MoeOp::read_host_status(bool clear) {
+  return MoeStatus::from_word(clear ? host_status_.exchange(0) : host_status_.load());
 }
 
 MoeStatus MoeOp::read_status(void* workspace, CUstream_st* stream, bool clear) const {

@@ -301,9 +301,7 @@ MoeStatus read_status(int device, void* workspace, size_t, CUstream_st* stream, 
   MK_CUDA_CHECK(cudaMemcpyAsync(&word, workspace, sizeof(int), cudaMemcpyDeviceToHost, stream));
   if (clear) MK_CUDA_CHECK(cudaMemsetAsync(workspace, 0, sizeof(int), stream));
   MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  MoeStatus s;
-  s.expert_id_out_of_range = (word & 1) != 0;
-  return s;
+  return MoeStatus::from_word(static_cast<uint32_t>(word));
 }
 
 }  // namespace engine_gpu
