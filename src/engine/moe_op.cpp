@@ -57,6 +57,9 @@ MoeOp::MoeOp(const MoeSpec& spec, const MoeOptions& options) : spec_(spec), opti
   validate_spec(spec_);
   MK_CHECK(options_.max_tokens >= 1, "expected max_tokens >= 1, got " << options_.max_tokens);
   MK_CHECK(options_.device >= 0, "expected device >= 0, got " << options_.device);
+  MK_CHECK(options_.expert_dtype == DType::BF16 || options_.expert_dtype == DType::F8_E4M3,
+           "expected MoeOptions::expert_dtype BF16 or F8_E4M3, got "
+               << dtype_name(options_.expert_dtype));
 }
 
 MoeOp::~MoeOp() {
@@ -94,8 +97,11 @@ std::vector<float> host_experts(const MoeOptions& opt, const ViewLayerWeights& l
   const MoeWeightsView& v = lw.view();
   const int lo = v.expert_offset, hi = v.expert_offset + v.local_experts(lw.spec());
   if (opt.cpu_backend == CpuBackend::Reference) {
-    return cpu_reference::experts(lw, x, tokens, r, add_shared, lo, hi);
+    return cpu_reference::experts(lw, x, tokens, r, add_shared, lo, hi, opt.fp8);
   }
+  MK_CHECK(!v.fp8() || opt.fp8 == Fp8Compute::WeightOnly,
+           "the fast CPU backend computes fp8 experts weight-only, but MoeOptions::fp8 asks for "
+           "W8A8: set fp8 = Fp8Compute::WeightOnly, or cpu_backend = CpuBackend::Reference");
   return cpu_fast::experts(lw, x, tokens, r, add_shared, opt.cpu, lo, hi);
 }
 
