@@ -1,9 +1,11 @@
 // What the engine API tests share (tests/test_engine_api.cpp, tests/cuda/test_engine_api_gpu.cpp):
 // an engine's own copy of a layer's weights in vLLM's fused_experts layout (stacks [n, 2I, H] and
-// [n, H, I], the fused shared slots after the routed experts), built from a LayerWeights, and the
-// MoeWeightsView that borrows it.
+// [n, H, I], the fused shared slots after the routed experts; bf16, or fp8 block-scale bytes and
+// tile scales for an Fp8Block LayerWeights), built from a LayerWeights, and the MoeWeightsView
+// that borrows it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -27,8 +29,44 @@ struct EngineStacks {
   std::vector<float> router_bias, correction_bias;
   std::vector<Bf16> w13, w2, shared_w13, shared_w2;
   std::vector<float> b13, b2;
+  // fp8 block-scale weights (a LayerWeights of expert_format Fp8Block) instead of w13 / w2
+  std::vector<uint8_t> w13_fp8, w2_fp8;
+  std::vector<float> w13_scale, w2_scale;
   MoeWeightsView view;
 };
+
+// The fp8 stacks of an Fp8Block LayerWeights: every row's e4m3 bytes and tile scales, with `pad`
+// NaN elements after each expert's matrices and grids.
+inline void copy_fp8_stacks(const LayerWeights& lw, const StackOptions& o, int count, int rows,
+                            EngineStacks& s) {
+  const MoeSpec& spec = lw.spec();
+  const size_t H = spec.hidden, I = spec.expert_intermediate;
+  const size_t s13 = 2 * I * H + o.pad, s2 = H * I + o.pad;
+  const size_t g13 = fp8_w13_scale_floats(spec), g2 = fp8_w2_scale_floats(spec);
+  const size_t t13 = g13 + o.pad, t2 = g2 + o.pad;
+  s.w13_fp8.assign(rows * s13, 0x7f);  // e4m3 NaN
+  s.w2_fp8.assign(rows * s2, 0x7f);
+  s.w13_scale.assign(rows * t13, std::nanf(""));
+  s.w2_scale.assign(rows * t2, std::nanf(""));
+  for (int r = 0; r < rows; ++r) {
+    const int e = r < count ? o.expert_offset + r : spec.num_experts + (r - count);
+    const ExpertView ex = lw.expert(e);
+    std::memcpy(s.w13_fp8.data() + r * s13, ex.w13_fp8, 2 * I * H);
+    std::memcpy(s.w2_fp8.data() + r * s2, ex.w2_fp8, H * I);
+    std::memcpy(s.w13_scale.data() + r * t13, ex.w13_scale, g13 * sizeof(float));
+    std::memcpy(s.w2_scale.data() + r * t2, ex.w2_scale, g2 * sizeof(float));
+  }
+  MoeWeightsView& v = s.view;
+  v.expert_dtype = DType::F8_E4M3;
+  v.w13_fp8 = s.w13_fp8.data();
+  v.w2_fp8 = s.w2_fp8.data();
+  v.w13_scale = s.w13_scale.data();
+  v.w2_scale = s.w2_scale.data();
+  v.w13_expert_stride = static_cast<int64_t>(s13);
+  v.w2_expert_stride = static_cast<int64_t>(s2);
+  v.w13_scale_expert_stride = static_cast<int64_t>(t13);
+  v.w2_scale_expert_stride = static_cast<int64_t>(t2);
+}
 
 inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = {}) {
   const MoeSpec& spec = lw.spec();
@@ -45,10 +83,13 @@ inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = 
   const int count = o.expert_count < 0 ? E - o.expert_offset : o.expert_count;
   const int slots = o.fused_slots && spec.can_fuse_shared() ? spec.shared_slots() : 0;
   const int rows = count + slots;
+  const bool fp8 = lw.expert_format() == ExpertFormat::Fp8Block;
   const size_t s13 = 2 * I * H + o.pad, s2 = H * I + o.pad;
   const size_t sb13 = 2 * I + o.pad, sb2 = H + o.pad;
-  s.w13.assign(rows * s13, Bf16{0x7fc0});  // padding holds NaN: reading it would show
-  s.w2.assign(rows * s2, Bf16{0x7fc0});
+  if (!fp8) {
+    s.w13.assign(rows * s13, Bf16{0x7fc0});  // padding holds NaN: reading it would show
+    s.w2.assign(rows * s2, Bf16{0x7fc0});
+  }
   if (spec.has_expert_bias) {
     s.b13.assign(rows * sb13, 0.0f);
     s.b2.assign(rows * sb2, 0.0f);
@@ -56,8 +97,10 @@ inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = 
   for (int r = 0; r < rows; ++r) {
     const int e = r < count ? o.expert_offset + r : E + (r - count);
     const ExpertView ex = lw.expert(e);
-    std::memcpy(s.w13.data() + r * s13, ex.w13, 2 * I * H * sizeof(Bf16));
-    std::memcpy(s.w2.data() + r * s2, ex.w2, H * I * sizeof(Bf16));
+    if (!fp8) {
+      std::memcpy(s.w13.data() + r * s13, ex.w13, 2 * I * H * sizeof(Bf16));
+      std::memcpy(s.w2.data() + r * s2, ex.w2, H * I * sizeof(Bf16));
+    }
     if (spec.has_expert_bias && ex.b13 != nullptr) {
       std::memcpy(s.b13.data() + r * sb13, ex.b13, 2 * I * sizeof(float));
       std::memcpy(s.b2.data() + r * sb2, ex.b2, H * sizeof(float));
@@ -73,8 +116,8 @@ inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = 
   v.router_weight = s.router.data();
   v.router_bias = s.router_bias.empty() ? nullptr : s.router_bias.data();
   v.correction_bias = s.correction_bias.empty() ? nullptr : s.correction_bias.data();
-  v.w13 = s.w13.data();
-  v.w2 = s.w2.data();
+  v.w13 = s.w13.empty() ? nullptr : s.w13.data();
+  v.w2 = s.w2.empty() ? nullptr : s.w2.data();
   v.w13_expert_stride = static_cast<int64_t>(s13);
   v.w2_expert_stride = static_cast<int64_t>(s2);
   if (spec.has_expert_bias) {
@@ -88,6 +131,7 @@ inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = 
   v.shared_w2 = s.shared_w2.empty() ? nullptr : s.shared_w2.data();
   v.expert_offset = o.expert_offset;
   v.expert_count = o.expert_count;
+  if (fp8) copy_fp8_stacks(lw, o, count, rows, s);
   return s;
 }
 

@@ -271,6 +271,75 @@ TEST(EngineApiView, BadViewsNameTheProblem) {
   expect_error([&] { validate_view(ds, v); }, {"shared_w13 and shared_w2", "only shared_w13"});
 }
 
+// Each call validates what it reads: experts() takes no router and no routing biases,
+// route_logits no router and no stacks; forward still asks for everything.
+TEST(EngineApiView, EachCallValidatesOnlyWhatItReads) {
+  for (const std::string model : {"gpt-oss-120b", "deepseek-v3"}) {
+    const MoeSpec spec = engine_spec(model);
+    const auto lw = make_random_weights(spec, spec.moe_layers.front(), 5);
+    const EngineStacks st = make_stacks(*lw);
+    const int tokens = 4, k = spec.top_k;
+    const std::vector<Bf16> x = random_input(tokens, spec.hidden, 3, 1.0f);
+    MoeOptions opt;
+    opt.cpu_backend = CpuBackend::Reference;
+    MoeOp op(spec, opt);
+    std::vector<int32_t> ids(static_cast<size_t>(tokens) * k);
+    std::vector<float> w(ids.size());
+    op.route(st.view, x.data(), tokens, ids.data(), w.data(), nullptr, nullptr, 0, nullptr);
+    std::vector<Bf16> want(x.size()), got(x.size());
+    op.experts(st.view, x.data(), ids.data(), w.data(), want.data(), tokens, {}, nullptr, 0,
+               nullptr);
+
+    MoeWeightsView stacks_only = st.view;
+    stacks_only.router_weight = nullptr;
+    stacks_only.router_bias = nullptr;
+    stacks_only.correction_bias = nullptr;
+    validate_view(spec, stacks_only, ViewUse::Experts);
+    op.experts(stacks_only, x.data(), ids.data(), w.data(), got.data(), tokens, {}, nullptr, 0,
+               nullptr);
+    expect_same_bits(got, want, model + " experts() on a view without a router");
+    expect_error([&] { validate_view(spec, stacks_only); }, {"router_weight", "is null"});
+    expect_error(
+        [&] { op.forward(stacks_only, x.data(), got.data(), tokens, nullptr, 0, nullptr); },
+        {"router_weight", "forward reads the router"});
+    expect_error(
+        [&] {
+          op.route(stacks_only, x.data(), tokens, ids.data(), w.data(), nullptr, nullptr, 0,
+                   nullptr);
+        },
+        {"router_weight", "route reads the router"});
+
+    // route_logits: the correction bias alone (where the spec has one), no router, no stacks
+    MoeWeightsView bias_only;
+    bias_only.correction_bias = st.view.correction_bias;
+    bias_only.w13_expert_stride = 7;  // a stack's field it does not read
+    const std::vector<float> logits = cpu_reference::router_logits(*lw, x.data(), tokens);
+    std::vector<int32_t> ids2(ids.size());
+    std::vector<float> w2(ids.size());
+    op.route_logits(bias_only, logits.data(), tokens, ids2.data(), w2.data(), nullptr, nullptr, 0,
+                    nullptr);
+    EXPECT_EQ(ids2, ids) << model;
+    EXPECT_EQ(w2, w) << model;
+    if (spec.has_correction_bias) {
+      bias_only.correction_bias = nullptr;
+      expect_error(
+          [&] {
+            op.route_logits(bias_only, logits.data(), tokens, ids2.data(), w2.data(), nullptr,
+                            nullptr, 0, nullptr);
+          },
+          {"e_score_correction_bias", "correction_bias is null"});
+    }
+    // experts() still checks the stacks
+    stacks_only.w2 = nullptr;
+    expect_error(
+        [&] {
+          op.experts(stacks_only, x.data(), ids.data(), w.data(), got.data(), tokens, {}, nullptr,
+                     0, nullptr);
+        },
+        {"w2 of", "is null"});
+  }
+}
+
 TEST(EngineApiView, ExpertsRejectIdsOutOfRangeAndTooManyTokens) {
   const MoeSpec spec = engine_spec("qwen3-30b-a3b");
   const auto lw = make_random_weights(spec, spec.moe_layers.front(), 2);
@@ -285,12 +354,20 @@ TEST(EngineApiView, ExpertsRejectIdsOutOfRangeAndTooManyTokens) {
   MoeOptions opt;
   opt.max_tokens = 2;
   MoeOp op(spec, opt);
+  EXPECT_TRUE(op.read_host_status().ok());
   expect_error(
       [&] {
         op.experts(st.view, x.data(), ids.data(), w.data(), y.data(), tokens, {}, nullptr, 0,
                    nullptr);
       },
       {"topk_ids[1, 3] = 16", "outside [0, 16)"});
+  // the host call reports the device's status bit too, until it is read and cleared
+  EXPECT_EQ(op.read_host_status(false).word(), kStatusExpertIdOutOfRange);
+  const MoeStatus s = op.read_host_status();
+  EXPECT_TRUE(s.expert_id_out_of_range);
+  EXPECT_NE(s.message().find("outside [0, E)"), std::string::npos) << s.message();
+  EXPECT_TRUE(op.read_host_status().ok()) << "cleared by the read";
+  EXPECT_EQ(MoeStatus::from_word(kStatusExpertIdOutOfRange).word(), kStatusExpertIdOutOfRange);
   expect_error([&] { op.forward(st.view, x.data(), y.data(), 3, nullptr, 0, nullptr); },
                {"max_tokens (2)", "got 3"});
   // a slice holding other experts: ViewLayerWeights names what it holds

@@ -20,6 +20,17 @@
 //   shared_w13        [2 Is, H] bf16       the unfused shared MLP, gate rows first
 //   shared_w2         [H, Is] bf16
 //
+// fp8 block-scale experts (expert_dtype F8_E4M3, DeepSeek's checkpoints; w13 / w2 then null):
+//   w13_fp8           [n, 2I, H] e4m3fn    gate rows first, as w13
+//   w13_scale         [n, 2 ceil(I/128), ceil(H/128)] fp32  the multiplier of each 128x128 tile,
+//                                          the gate's tile rows then the up's (= ceil(2I/128)
+//                                          rows when I % 128 == 0, which the GPU needs)
+//   w2_fp8            [n, H, I] e4m3fn
+//   w2_scale          [n, ceil(H/128), ceil(I/128)] fp32
+// The shared expert of an fp8 view is its fused slots (there is no fp8 unfused shared MLP, as in
+// the GPU layer). Host views compute per MoeOptions::fp8 (W8A8 or weight-only; the fast backend
+// weight-only), device views W8A8 on the GPU layer's fp8 kernels (MoeOptions::expert_dtype).
+//
 // with n = expert_count + fused_slots rows of the stacks: the view's routed experts (global ids
 // [expert_offset, expert_offset + expert_count), local row id - expert_offset), then, when
 // fused_slots = spec.shared_slots(), the shared MLP repacked as S slots of the expert layout
@@ -47,6 +58,7 @@
 // returns once the stream has synchronised; the outputs of that call are then undefined.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -84,18 +96,43 @@ struct MoeWeightsView {
   const Bf16* shared_w2 = nullptr;   // [H, Is]
   int expert_offset = 0;             // the first global expert id the stacks hold
   int expert_count = -1;             // how many; -1 = E - expert_offset
+  // fp8 block-scale stacks instead of w13 / w2 (expert_dtype F8_E4M3); the expert strides above
+  // count their elements (bytes) too
+  DType expert_dtype = DType::BF16;   // BF16 (w13, w2) or F8_E4M3 (the four below)
+  const uint8_t* w13_fp8 = nullptr;   // [n, 2I, H] e4m3fn
+  const float* w13_scale = nullptr;   // [n, 2 ceil(I/128), ceil(H/128)]
+  const uint8_t* w2_fp8 = nullptr;    // [n, H, I] e4m3fn
+  const float* w2_scale = nullptr;    // [n, ceil(H/128), ceil(I/128)]
+  int64_t w13_scale_expert_stride = 0;  // floats between experts' grids; 0 = dense
+  int64_t w2_scale_expert_stride = 0;
 
   int local_experts(const MoeSpec& spec) const {
     return expert_count < 0 ? spec.num_experts - expert_offset : expert_count;
   }
   // Whether the view holds the shared expert at all (fused slots or the unfused MLP).
   bool holds_shared() const { return fused_slots > 0 || shared_w13 != nullptr; }
+  bool fp8() const { return expert_dtype == DType::F8_E4M3; }
 };
 
-// Throws naming the first problem: a tensor the spec needs that is null, a stride smaller than
-// one expert's matrix, an expert slice outside [0, E), fused_slots neither 0 nor S, half of the
-// unfused shared MLP.
-void validate_view(const MoeSpec& spec, const MoeWeightsView& view);
+// Floats of one expert's tile-scale grids in an fp8 view: w13 [2 ceil(I/128), ceil(H/128)],
+// w2 [ceil(H/128), ceil(I/128)].
+int64_t fp8_w13_scale_floats(const MoeSpec& spec);
+int64_t fp8_w2_scale_floats(const MoeSpec& spec);
+
+// The parts of a view one call reads; validate_view checks those only, so an engine that calls
+// experts() on its own routing need not hand over a router, and route() needs no stacks.
+enum class ViewUse {
+  Layer,        // forward: everything below
+  Router,       // route(x): router_weight, router_bias, correction_bias
+  RoutingBias,  // route_logits: correction_bias
+  Experts,      // experts(): the stacks, their biases, the slice, the shared expert
+};
+const char* view_use_name(ViewUse u);  // the call's name: "forward", "route", ...
+
+// Throws naming the first problem in what `use` reads: a tensor the spec needs that is null, a
+// stride smaller than one expert's matrix, an expert slice outside [0, E), fused_slots neither
+// 0 nor S, half of the unfused shared MLP.
+void validate_view(const MoeSpec& spec, const MoeWeightsView& view, ViewUse use = ViewUse::Layer);
 
 // Row `local_row` of the view's stacks as an ExpertView (host or device pointers alike).
 ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& view, int local_row);
@@ -103,10 +140,12 @@ ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& view, int loca
 // A LayerWeights over a host view: every CPU backend (cpu_reference::forward, cpu_fast::forward)
 // runs on the borrowed weights, nothing copied. expert(e) takes global ids: routed
 // [expert_offset, expert_offset + expert_count) and the fused slots E..E+S-1 when held; any other
-// id throws naming the range held. The view's memory must outlive the object.
+// id throws naming the range held. The view's memory must outlive the object. `use` is what the
+// caller will read (validate_view); the parts it leaves out may be null.
 class ViewLayerWeights final : public LayerWeights {
  public:
-  ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& view, int layer = 0);
+  ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& view, int layer = 0,
+                   ViewUse use = ViewUse::Layer);
   const void* router_weight() const override { return view_.router_weight; }
   const float* router_bias() const override;
   const float* correction_bias() const override;
@@ -132,6 +171,13 @@ struct MoeOptions {
   int device = 0;                 // the CUDA device of device views
   CpuBackend cpu_backend = CpuBackend::Fast;
   cpu_fast::FastOptions cpu;  // the fast CPU backend's threads and ISA
+  // fp8 host views: how the reference computes (the fast backend runs weight-only only, and
+  // refuses W8A8 rather than change the numbers asked for)
+  Fp8Compute fp8 = Fp8Compute::W8A8;
+  // The experts' dtype of the device views this op runs (its kernels and workspace follow it):
+  // BF16, or F8_E4M3 (W8A8; hidden and expert_intermediate multiples of 128, the shared expert
+  // fused). Host views run whichever dtype they hold.
+  DType expert_dtype = DType::BF16;
 };
 
 // Bytes of the device workspace MoeOp(spec, options with this max_tokens) needs on
@@ -139,11 +185,20 @@ struct MoeOptions {
 // need none).
 size_t workspace_bytes(const MoeSpec& spec, int max_tokens, const MoeOptions& options);
 
-// What the device saw, read after the stream synchronised (MoeOp::read_status).
+// The status word's bits: what the device saw, read after the stream synchronised
+// (MoeOp::read_status). The host calls report the same bits (MoeOp::read_host_status), and throw.
+inline constexpr uint32_t kStatusExpertIdOutOfRange = 1u;  // a pair's expert outside [0, E)
+
 struct MoeStatus {
   bool expert_id_out_of_range = false;  // a pair's expert outside [0, E) (its pair was dropped)
   bool ok() const { return !expert_id_out_of_range; }
   std::string message() const;  // "" when ok
+  uint32_t word() const { return expert_id_out_of_range ? kStatusExpertIdOutOfRange : 0u; }
+  static MoeStatus from_word(uint32_t word) {
+    MoeStatus s;
+    s.expert_id_out_of_range = (word & kStatusExpertIdOutOfRange) != 0;
+    return s;
+  }
 };
 
 // Where the shared expert goes in experts().
@@ -204,6 +259,10 @@ class MoeOp {
   // The device workspace's status since it was prepared or last cleared; synchronises `stream`.
   // clear: reset it after reading.
   MoeStatus read_status(void* workspace, CUstream_st* stream, bool clear = true) const;
+  // The same bits from this op's host calls since it was made or last cleared: a host call that
+  // meets what the device reports in its status word (an expert id outside [0, E) in experts())
+  // sets it, then throws naming the problem. Lets one status check serve both locations.
+  MoeStatus read_host_status(bool clear = true);
 
   struct Gpu;  // the CUDA side (src/cuda/engine/), absent until prepare_workspace
 
@@ -212,6 +271,7 @@ class MoeOp {
   MoeSpec spec_;
   MoeOptions options_;
   Gpu* gpu_ = nullptr;  // owned (destroyed by ~MoeOp)
+  std::atomic<uint32_t> host_status_{0};
 };
 
 }  // namespace moekit

@@ -6,6 +6,8 @@
 //   fused_experts(x, w13, w2, topk_ids, topk_weights, spec, b13?, b2?, expert_offset) -> y
 //   moe_layer(x, router_weight, router_bias?, correction_bias?, w13, w2, b13?, b2?,
 //             shared_w13?, shared_w2?, spec, expert_offset) -> y
+//   read_status(device, clear) -> int    the status word of the device's calls (MoeStatus::word:
+//                                        1 = an expert id outside [0, E)); synchronises a GPU
 //
 // `spec` is the model's config.json text, read as transformers reads it (load_spec's rules); the
 // weights follow vLLM's fused_experts contract (include/moekit/moe.h). y has x's dtype (computed
@@ -49,10 +51,13 @@ at::Tensor moe_layer_cpu(const at::Tensor& x, const at::Tensor& router_weight,
                    b2, shared_w13, shared_w2, spec, expert_offset);
 }
 
+int64_t read_status_op(c10::Device device, bool clear) { return read_status(device, clear); }
+
 }  // namespace
 }  // namespace moekit::torch_ops
 
 TORCH_LIBRARY(moekit, m) {
+  m.def("read_status(Device device, bool clear=True) -> int", &moekit::torch_ops::read_status_op);
   m.def("spec_summary(str spec) -> str", &moekit::torch_ops::spec_summary);
   m.def("route(Tensor router_logits, Tensor? correction_bias, str spec) -> (Tensor, Tensor)");
   m.def(

@@ -4,7 +4,8 @@
 // stream, so run each shape's first call before capturing a CUDA graph) and grown when a call has
 // more tokens than the workspace was sized for. The calls themselves neither synchronise nor
 // allocate beyond the caching allocator (capturable). Device errors (an expert id out of range)
-// set the workspace's status word; moekit does not read it here (that would synchronise).
+// set the workspace's status word; the calls do not read it (that would synchronise):
+// torch.ops.moekit.read_status(device) does, once the caller wants to know.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -23,19 +24,23 @@ namespace {
 struct DeviceOp {
   std::unique_ptr<MoeOp> op;
   at::Tensor workspace;  // uint8 [workspace_bytes]
+  uint32_t status = 0;   // the status of a workspace replaced by a larger one, not yet read
 };
 
+std::mutex g_mutex;
+std::map<std::pair<const MoeSpec*, int>, DeviceOp> g_ops;  // (spec, device index)
+
 void run_on_device(const MoeSpec& spec, int tokens, const at::Device& device, const OpCall& call) {
-  static std::mutex mutex;
-  static std::map<std::pair<const MoeSpec*, int>, DeviceOp> ops;
+  auto& ops = g_ops;
   const c10::cuda::CUDAGuard guard(device);
   CUstream_st* stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(g_mutex);
   DeviceOp& d = ops[{&spec, device.index()}];
   if (!d.op || d.op->options().max_tokens < tokens) {
     MoeOptions options;
     options.device = device.index();
     options.max_tokens = std::max(256, tokens);
+    if (d.op) d.status |= d.op->read_status(d.workspace.data_ptr(), stream).word();
     d.op = std::make_unique<MoeOp>(spec, options);
     d.workspace = at::empty({static_cast<int64_t>(d.op->workspace_bytes())},
                             at::TensorOptions().dtype(at::kByte).device(device));
@@ -71,9 +76,25 @@ at::Tensor moe_layer_cuda(const at::Tensor& x, const at::Tensor& router_weight,
                    b2, shared_w13, shared_w2, spec, expert_offset);
 }
 
+// The OR of the status words of every op on `device`, read on the current stream (which
+// synchronises it).
+int64_t read_status_on_device(const at::Device& device, bool clear) {
+  const c10::cuda::CUDAGuard guard(device);
+  CUstream_st* stream = at::cuda::getCurrentCUDAStream(device.index()).stream();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  uint32_t word = 0;
+  for (auto& [key, d] : g_ops) {
+    if (key.second != device.index() || !d.op) continue;
+    word |= d.status | d.op->read_status(d.workspace.data_ptr(), stream, clear).word();
+    if (clear) d.status = 0;
+  }
+  return word;
+}
+
 // why: the shared bodies (ops_impl.cpp) reach the device only through this pointer, so the CPU
 // build links without CUDA.
-const bool registered = (set_device_runner(&run_on_device), true);
+const bool registered =
+    (set_device_runner(&run_on_device), set_device_status_reader(&read_status_on_device), true);
 
 }  // namespace
 }  // namespace moekit::torch_ops

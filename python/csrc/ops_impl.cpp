@@ -7,6 +7,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -17,6 +21,7 @@ namespace moekit::torch_ops {
 namespace {
 
 DeviceRunner g_device_runner = nullptr;
+DeviceStatusReader g_device_status_reader = nullptr;
 
 std::string shape_of(const at::Tensor& t) {
   std::ostringstream s;
@@ -116,12 +121,25 @@ at::Tensor bf16_rows(const MoeSpec& s, const at::Tensor& x) {
   return rows;
 }
 
+// One host MoeOp per spec (specs are cached, so their addresses are stable), kept so that the
+// status its calls set stays for read_status. Host calls need no workspace and no token bound.
+std::mutex g_host_mutex;
+std::map<const MoeSpec*, std::unique_ptr<MoeOp>> g_host_ops;
+
+MoeOp& host_op(const MoeSpec& s) {
+  std::lock_guard<std::mutex> lock(g_host_mutex);
+  std::unique_ptr<MoeOp>& op = g_host_ops[&s];
+  if (!op) {
+    MoeOptions options;
+    options.max_tokens = std::numeric_limits<int>::max();
+    op = std::make_unique<MoeOp>(s, options);
+  }
+  return *op;
+}
+
 void run(Location loc, const MoeSpec& s, int tokens, const at::Device& device, const OpCall& call) {
   if (loc == Location::Host) {
-    MoeOptions options;
-    options.max_tokens = std::max(tokens, 1);
-    MoeOp op(s, options);
-    call(op, nullptr, 0, nullptr);
+    call(host_op(s), nullptr, 0, nullptr);
     return;
   }
   TORCH_CHECK(g_device_runner != nullptr,
@@ -133,6 +151,20 @@ void run(Location loc, const MoeSpec& s, int tokens, const at::Device& device, c
 }  // namespace
 
 void set_device_runner(DeviceRunner runner) { g_device_runner = runner; }
+void set_device_status_reader(DeviceStatusReader reader) { g_device_status_reader = reader; }
+
+int64_t read_status(const at::Device& device, bool clear) {
+  if (device.is_cpu()) {
+    std::lock_guard<std::mutex> lock(g_host_mutex);
+    uint32_t word = 0;
+    for (auto& [spec, op] : g_host_ops) word |= op->read_host_status(clear).word();
+    return word;
+  }
+  TORCH_CHECK(g_device_status_reader != nullptr,
+              "moekit: this build of moekit's torch ops has no CUDA side (built with "
+              "MOEKIT_CUDA=OFF); got read_status on ", device);
+  return g_device_status_reader(device, clear);
+}
 
 std::tuple<at::Tensor, at::Tensor> route(Location loc, const at::Tensor& router_logits,
                                          const std::optional<at::Tensor>& correction_bias,
@@ -160,13 +192,8 @@ std::tuple<at::Tensor, at::Tensor> route(Location loc, const at::Tensor& router_
   }
   auto ids = at::empty({T, s.top_k}, logits.options().dtype(at::kInt));
   auto weights = at::empty({T, s.top_k}, logits.options());
-  // route_logits reads neither the router matrix nor its bias (they are in the logits already);
-  // the view's validation asks for them, so they point at the logits.
-  b.view.router_weight = logits.data_ptr();
-  b.view.router_bias = logits.data_ptr<float>();
+  // route_logits reads the correction bias only (the router and its bias made the logits)
   b.view.location = loc;
-  b.view.w13 = nullptr;
-  b.view.expert_count = 0;
   run(loc, s, static_cast<int>(T), device, [&](MoeOp& op, void* ws, size_t bytes, CUstream_st* st) {
     op.route_logits(b.view, logits.data_ptr<float>(), static_cast<int>(T), ids.data_ptr<int32_t>(),
                     weights.data_ptr<float>(), nullptr, ws, bytes, st);
@@ -192,11 +219,7 @@ at::Tensor fused_experts(Location loc, const at::Tensor& x, const at::Tensor& w1
   Borrowed b;
   b.view.location = loc;
   set_experts(s, b, w13, w2, b13, b2, expert_offset, device);
-  // experts() reads no router; the view's validation asks for one (and for the routing's
-  // biases), so they point at the routing weights.
-  b.view.router_weight = weights.data_ptr();
-  b.view.router_bias = weights.data_ptr<float>();
-  b.view.correction_bias = weights.data_ptr<float>();
+  // experts() reads the stacks only: the view holds no router and no routing biases
   auto y = at::empty({T, s.hidden}, xb.options());
   ExpertsOptions eo;
   eo.add_shared = false;

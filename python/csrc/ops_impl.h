@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -22,6 +23,14 @@ using OpCall = std::function<void(MoeOp& op, void* workspace, size_t workspace_b
 using DeviceRunner = void (*)(const MoeSpec& spec, int tokens, const at::Device& device,
                               const OpCall& call);
 void set_device_runner(DeviceRunner runner);
+// The OR of the status words (MoeStatus::word) of every op the device's calls ran on since the
+// last clear; on a GPU it synchronises each op's stream (ops_cuda.cpp).
+using DeviceStatusReader = int64_t (*)(const at::Device& device, bool clear);
+void set_device_status_reader(DeviceStatusReader reader);
+
+// torch.ops.moekit.read_status: the status of `device`'s calls, the same bits on the host (whose
+// calls also throw) and on a GPU (whose calls cannot: their outputs are then undefined).
+int64_t read_status(const at::Device& device, bool clear);
 
 std::tuple<at::Tensor, at::Tensor> route(Location loc, const at::Tensor& router_logits,
                                          const std::optional<at::Tensor>& correction_bias,

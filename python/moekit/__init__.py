@@ -3,6 +3,7 @@
     torch.ops.moekit.route / fused_experts / moe_layer    the ops (CPU; CUDA in a CUDA build)
     moekit.MoeSpec                                         a model's MoE spec from its config
     moekit.route / fused_experts / moe_layer               the ops on a MoeSpec, any leading dims
+    moekit.read_status / check_status                      what the calls on a device saw
     moekit.integrations.transformers.patch(model)          a transformers model on moekit's ops
 
 The ops library is the package's _moekit_ops.so, or the file $MOEKIT_TORCH_OPS names (a CMake
@@ -29,7 +30,9 @@ def _ops_library() -> Path:
 torch.ops.load_library(str(_ops_library()))
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
-from .ops import fused_experts, moe_layer, route  # noqa: E402
+from .ops import (STATUS_EXPERT_ID_OUT_OF_RANGE, check_status, fused_experts,  # noqa: E402
+                  moe_layer, read_status, route)
 from .spec import MoeSpec  # noqa: E402
 
-__all__ = ["MoeSpec", "route", "fused_experts", "moe_layer"]
+__all__ = ["MoeSpec", "route", "fused_experts", "moe_layer", "read_status", "check_status",
+           "STATUS_EXPERT_ID_OUT_OF_RANGE"]

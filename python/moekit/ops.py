@@ -56,3 +56,34 @@ def moe_layer(x: torch.Tensor, spec: ConfigLike, router_weight: torch.Tensor, w1
         x.reshape(-1, h), router_weight, router_bias, correction_bias, w13, w2, b13, b2,
         shared_w13, shared_w2, s.json, expert_offset)
     return y.reshape(x.shape)
+
+
+# The status word's bits (include/moekit/moe.h: MoeStatus::word).
+STATUS_EXPERT_ID_OUT_OF_RANGE = 1
+
+
+def _device(device) -> torch.device:
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def read_status(device="cpu", clear: bool = True) -> int:
+    """The status word of the ops' calls on `device` since it was last cleared (0: nothing seen):
+    STATUS_EXPERT_ID_OUT_OF_RANGE when a pair's expert id was outside [0, E). A GPU call cannot
+    raise without synchronising, so it sets the word instead (its outputs are then undefined)
+    and this reads it, synchronising the current stream; a CPU call raises at once and sets the
+    same bits, so one check serves both. clear: reset the word after reading."""
+    return int(torch.ops.moekit.read_status(_device(device), clear))
+
+
+def check_status(device="cpu", clear: bool = True) -> None:
+    """Raises RuntimeError naming what read_status(device) reports, if anything."""
+    word = read_status(device, clear)
+    if word & STATUS_EXPERT_ID_OUT_OF_RANGE:
+        raise RuntimeError(f"moekit: a call on {_device(device)} saw an expert id outside [0, E) "
+                           "in its routing (its pair was dropped; the outputs of that call are "
+                           "undefined)")
+    if word:
+        raise RuntimeError(f"moekit: status word {word:#x} on {_device(device)}")

@@ -2,12 +2,13 @@
 
 import pytest
 import torch
+from torch import nn
 
 import moekit
 from moekit.integrations.transformers import FAMILIES as SUPPORTED
 from moekit.integrations.transformers import MoekitMoeBlock, patch
 from tiny_models import (FAMILIES, block_router, correction_bias, expert_stacks, moe_blocks,
-                         rel_err, tiny_model)
+                         rel_err, score_routed_blocks, tiny_model)
 
 FP32_TOL = 1e-2   # moekit reads x as bf16 and writes y as bf16
 BF16_TOL = 3e-2   # and the bf16 model's own rounding on top
@@ -25,7 +26,7 @@ def family(request):
 
 def _block_and_spec(family):
     model = tiny_model(family)
-    block = moe_blocks(model)[0]
+    block = score_routed_blocks(model)[0]
     return model, block, moekit.MoeSpec.from_config(model.config)
 
 
@@ -103,3 +104,43 @@ def test_patch_keeps_the_model_logits(family, dtype):
     assert patched == moekit.MoeSpec.from_config(model.config).moe_layers
     assert set(model.state_dict()) == keys  # the block's own parameters, same names
     assert rel_err(got, want) < (FP32_TOL if dtype == torch.float32 else 2 * BF16_TOL)
+
+
+def test_hash_routed_block_matches_the_block():
+    """DeepSeek-V4's hash-routed layer: the block's own table routing, moekit's experts."""
+    model = tiny_model("deepseek_v4")
+    block = moe_blocks(model)[0]
+    assert block.is_hash
+    assert model.config.mlp_layer_types == ["hash_moe", "moe", "moe"]
+    spec = moekit.MoeSpec.from_config(model.config)
+    assert spec.moe_layers == [0, 1, 2]  # moekit runs the hash-routed layer too
+    x = _x(tokens=7)
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = block(x, input_ids=ids)
+        ours = MoekitMoeBlock(block, SUPPORTED[type(block).__name__], spec)
+        got = ours(x, input_ids=ids)
+        assert rel_err(got, want) < FP32_TOL
+        # another token's table row routes elsewhere: the ids are read
+        other = ours(x, input_ids=(ids + 1) % 128)
+        assert rel_err(other, want) > 10 * FP32_TOL
+        with pytest.raises(ValueError, match="input_ids"):
+            ours(x)
+
+
+class _RemoteDeepseekV3MoE(nn.Module):
+    """A remote-code block (Kimi-K2's, DeepSeek-V3's own repo): per-expert nn.Linear lists."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = nn.Linear(64, 8, bias=False)
+        self.experts = nn.ModuleList([nn.Linear(64, 64) for _ in range(8)])
+
+
+def test_patch_refuses_a_remote_code_block_of_a_known_name():
+    model = tiny_model("deepseek_v3")
+    remote = type("DeepseekV3MoE", (_RemoteDeepseekV3MoE,), {"__module__": "remote.modeling"})
+    model.model.layers[1].mlp = remote()
+    with pytest.raises(NotImplementedError, match=r"DeepseekV3MoE from remote.modeling does not "
+                                                  r"have the layout of transformers'"):
+        patch(model)

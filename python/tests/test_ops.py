@@ -151,3 +151,45 @@ def test_x_at_any_offset_gives_the_same_y():
     shifted.copy_(w["x"])
     want = moekit.fused_experts(w["x"], w["w13"], w["w2"], ids, weights, s)
     assert torch.equal(moekit.fused_experts(shifted, w["w13"], w["w2"], ids, weights, s), want)
+
+
+def _status_case(device):
+    w = _weights("qwen3_moe")
+    s = w["spec"]
+    ids, weights = moekit.route(w["logits"], s)
+    args = [t.to(device) for t in (w["x"], w["w13"], w["w2"])]
+    return s, args, ids.to(device), weights.to(device)
+
+
+def test_read_status_on_the_cpu():
+    s, (x, w13, w2), ids, weights = _status_case("cpu")
+    moekit.read_status("cpu")  # clear what earlier tests left
+    moekit.fused_experts(x, w13, w2, ids, weights, s)
+    assert moekit.read_status("cpu") == 0
+    bad = ids.clone()
+    bad[1, 0] = s.num_experts
+    with pytest.raises(RuntimeError, match=r"topk_ids\[1, 0\] = 8 is outside \[0, 8\)"):
+        moekit.fused_experts(x, w13, w2, bad, weights, s)
+    # the same bit a GPU call sets (it cannot raise), kept until read with clear
+    assert moekit.read_status("cpu", clear=False) == moekit.STATUS_EXPERT_ID_OUT_OF_RANGE
+    assert torch.ops.moekit.read_status(torch.device("cpu"), False) == 1
+    with pytest.raises(RuntimeError, match=r"expert id outside \[0, E\)"):
+        moekit.check_status("cpu")
+    assert moekit.read_status("cpu") == 0
+    moekit.check_status("cpu")
+    bad[1, 0] = -1
+    with pytest.raises(RuntimeError, match="outside"):
+        moekit.fused_experts(x, w13, w2, bad, weights, s)
+    assert moekit.read_status("cpu") == moekit.STATUS_EXPERT_ID_OUT_OF_RANGE
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_read_status_on_the_gpu():
+    s, (x, w13, w2), ids, weights = _status_case("cuda")
+    moekit.fused_experts(x, w13, w2, ids, weights, s)
+    moekit.read_status("cuda")
+    bad = ids.clone()
+    bad[1, 0] = s.num_experts
+    moekit.fused_experts(x, w13, w2, bad, weights, s)  # no raise: the device cannot
+    assert moekit.read_status("cuda") == moekit.STATUS_EXPERT_ID_OUT_OF_RANGE
+    assert moekit.read_status("cuda") == 0

@@ -51,15 +51,39 @@ FAMILIES = {
     "glm4_moe": ("glm-4.5", dict(n_routed_experts=8, n_group=1, topk_group=1,
                                  n_shared_experts=1, first_k_dense_replace=1,
                                  routed_scaling_factor=2.5)),
+    # no DeepSeek-V3.2 file in configs/: its MoE keys are DeepSeek-V3's, with the DSA indexer's
+    "deepseek_v32": ("deepseek-v3", dict(model_type="deepseek_v32", n_routed_experts=8,
+                                         n_group=4, topk_group=2, n_shared_experts=1,
+                                         first_k_dense_replace=1, q_lora_rank=32,
+                                         kv_lora_rank=16, qk_nope_head_dim=16,
+                                         qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
+                                         num_key_value_heads=4, routed_scaling_factor=2.5,
+                                         index_head_dim=16, index_n_heads=2, index_topk=4)),
+    # 3 layers: one hash-routed (token-id table), two score-routed; attention shrunk (one
+    # compressed layer), 2 hyper-connection streams
+    "deepseek_v4": ("deepseek-v4-flash", dict(n_routed_experts=8, n_shared_experts=1,
+                                              intermediate_size=32, num_hidden_layers=3,
+                                              num_hash_layers=1, q_lora_rank=32,
+                                              qk_rope_head_dim=8, num_key_value_heads=1,
+                                              o_groups=2, o_lora_rank=16, index_head_dim=16,
+                                              index_n_heads=2, index_topk=4,
+                                              compress_ratios=[0, 4, 0], sliding_window=8,
+                                              hc_mult=2)),
+    # the text model of the VL checkpoint (text_config); layer 0 dense, layer 1 MoE
+    "minimax_m3": ("minimax-m3", dict(model_type="minimax_m3_vl_text", num_local_experts=8,
+                                      intermediate_size=32, shared_intermediate_size=32,
+                                      dense_intermediate_size=96, moe_layer_freq=[0, 1],
+                                      rotary_dim=8)),
 }
 
 _DROP = ("quantization_config", "auto_map", "torch_dtype", "transformers_version",
-         "architectures")
+         "architectures", "num_nextn_predict_layers", "sparse_attention_config")
 
 
 def tiny_config(family: str) -> transformers.PretrainedConfig:
     name, shrink = FAMILIES[family]
     d = json.loads((CONFIGS / f"{name}.json").read_text())
+    d = d.get("text_config", d)  # a VL checkpoint: its text model
     for key in _DROP:
         d.pop(key, None)
     d.update(_COMMON)
@@ -82,6 +106,10 @@ def tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias") and b.dim() == 1:
                 b.copy_((torch.randn_like(b) * 0.05).bfloat16().float())
+            if name.endswith("tid2eid"):  # DeepSeek-V4's hash table: k distinct experts a token
+                experts = model.config.num_local_experts
+                b.copy_(torch.stack([torch.randperm(experts)[:b.shape[1]]
+                                     for _ in range(b.shape[0])]))
     return model
 
 
@@ -107,10 +135,23 @@ def correction_bias(block):
     return None
 
 
+def is_hash_routed(block) -> bool:
+    """DeepSeek-V4's hash-routed layers: experts from the token ids, not from the scores."""
+    return bool(getattr(block, "is_hash", False))
+
+
+def score_routed_blocks(model: torch.nn.Module):
+    return [b for b in moe_blocks(model) if not is_hash_routed(b)]
+
+
 def block_router(block, x):
     """(logits, topk_weights, topk_ids) of the block's own router on x [T, H]."""
     if type(block).__name__ == "MiniMaxM2SparseMoeBlock":
         return block.gate(x, block.e_score_correction_bias)
+    if type(block).__name__ == "MiniMaxM3VLSparseMoeBlock":
+        # its block scales the routed sum, moekit (as the other families) the weights
+        logits, weights, ids = block.gate(x)
+        return logits, weights * block.routed_scaling_factor, ids
     return router_module(block)(x)
 
 

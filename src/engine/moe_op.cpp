@@ -57,6 +57,9 @@ MoeOp::MoeOp(const MoeSpec& spec, const MoeOptions& options) : spec_(spec), opti
   validate_spec(spec_);
   MK_CHECK(options_.max_tokens >= 1, "expected max_tokens >= 1, got " << options_.max_tokens);
   MK_CHECK(options_.device >= 0, "expected device >= 0, got " << options_.device);
+  MK_CHECK(options_.expert_dtype == DType::BF16 || options_.expert_dtype == DType::F8_E4M3,
+           "expected MoeOptions::expert_dtype BF16 or F8_E4M3, got "
+               << dtype_name(options_.expert_dtype));
 }
 
 MoeOp::~MoeOp() {
@@ -81,8 +84,9 @@ MoeOp::Gpu& MoeOp::gpu(const char* what) const {
 
 namespace {
 
-void check_call(const MoeSpec& spec, const MoeOptions& opt, const MoeWeightsView& w, int tokens) {
-  validate_view(spec, w);
+void check_call(const MoeSpec& spec, const MoeOptions& opt, const MoeWeightsView& w, int tokens,
+                ViewUse use) {
+  validate_view(spec, w, use);
   MK_CHECK(tokens >= 0 && tokens <= opt.max_tokens,
            "expected 0 <= tokens <= max_tokens (" << opt.max_tokens << "), got " << tokens);
 }
@@ -93,8 +97,11 @@ std::vector<float> host_experts(const MoeOptions& opt, const ViewLayerWeights& l
   const MoeWeightsView& v = lw.view();
   const int lo = v.expert_offset, hi = v.expert_offset + v.local_experts(lw.spec());
   if (opt.cpu_backend == CpuBackend::Reference) {
-    return cpu_reference::experts(lw, x, tokens, r, add_shared, lo, hi);
+    return cpu_reference::experts(lw, x, tokens, r, add_shared, lo, hi, opt.fp8);
   }
+  MK_CHECK(!v.fp8() || opt.fp8 == Fp8Compute::WeightOnly,
+           "the fast CPU backend computes fp8 experts weight-only, but MoeOptions::fp8 asks for "
+           "W8A8: set fp8 = Fp8Compute::WeightOnly, or cpu_backend = CpuBackend::Reference");
   return cpu_fast::experts(lw, x, tokens, r, add_shared, opt.cpu, lo, hi);
 }
 
@@ -123,7 +130,7 @@ void store_routing(const MoeSpec& spec, const Routing& r, int32_t* ids, float* w
 
 void MoeOp::forward(const MoeWeightsView& w, const void* x, void* y, int tokens, void* workspace,
                     size_t bytes, CUstream_st* stream) {
-  check_call(spec_, options_, w, tokens);
+  check_call(spec_, options_, w, tokens, ViewUse::Layer);
   if (tokens == 0) return;
   MK_CHECK(x != nullptr && y != nullptr, "forward: x or y is null");
   if (w.location == Location::Device) {
@@ -144,7 +151,7 @@ void MoeOp::forward(const MoeWeightsView& w, const void* x, void* y, int tokens,
 void MoeOp::route(const MoeWeightsView& w, const void* x, int tokens, int32_t* topk_ids,
                   float* topk_weights, float* shared_scale, void* workspace, size_t bytes,
                   CUstream_st* stream) {
-  check_call(spec_, options_, w, tokens);
+  check_call(spec_, options_, w, tokens, ViewUse::Router);
   if (tokens == 0) return;
   MK_CHECK(x != nullptr && topk_ids != nullptr && topk_weights != nullptr,
            "route: x, topk_ids or topk_weights is null");
@@ -155,7 +162,7 @@ void MoeOp::route(const MoeWeightsView& w, const void* x, int tokens, int32_t* t
   }
   const Bf16* xb = static_cast<const Bf16*>(x);
   check_finite_input(xb, tokens, spec_.hidden);
-  const ViewLayerWeights lw(spec_, w);
+  const ViewLayerWeights lw(spec_, w, 0, ViewUse::Router);
   const std::vector<float> logits = host_logits(options_, lw, xb, tokens);
   const Routing r = cpu_reference::route(RoutingConfig::from_spec(spec_, false), logits.data(),
                                          tokens, lw.correction_bias());
@@ -165,7 +172,7 @@ void MoeOp::route(const MoeWeightsView& w, const void* x, int tokens, int32_t* t
 void MoeOp::route_logits(const MoeWeightsView& w, const float* logits, int tokens,
                          int32_t* topk_ids, float* topk_weights, float* shared_scale,
                          void* workspace, size_t bytes, CUstream_st* stream) {
-  check_call(spec_, options_, w, tokens);
+  check_call(spec_, options_, w, tokens, ViewUse::RoutingBias);
   if (tokens == 0) return;
   MK_CHECK(logits != nullptr && topk_ids != nullptr && topk_weights != nullptr,
            "route_logits: logits, topk_ids or topk_weights is null");
@@ -174,7 +181,7 @@ void MoeOp::route_logits(const MoeWeightsView& w, const float* logits, int token
                       shared_scale, workspace, bytes, stream);
     return;
   }
-  const ViewLayerWeights lw(spec_, w);
+  const ViewLayerWeights lw(spec_, w, 0, ViewUse::RoutingBias);
   const Routing r = cpu_reference::route(RoutingConfig::from_spec(spec_, false), logits, tokens,
                                          lw.correction_bias());
   store_routing(spec_, r, topk_ids, topk_weights, shared_scale);
@@ -183,7 +190,7 @@ void MoeOp::route_logits(const MoeWeightsView& w, const float* logits, int token
 void MoeOp::experts(const MoeWeightsView& w, const void* x, const int32_t* topk_ids,
                     const float* topk_weights, void* y, int tokens, const ExpertsOptions& eo,
                     void* workspace, size_t bytes, CUstream_st* stream) {
-  check_call(spec_, options_, w, tokens);
+  check_call(spec_, options_, w, tokens, ViewUse::Experts);
   if (tokens == 0) return;
   MK_CHECK(x != nullptr && topk_ids != nullptr && topk_weights != nullptr && y != nullptr,
            "experts: x, topk_ids, topk_weights or y is null");
@@ -194,7 +201,7 @@ void MoeOp::experts(const MoeWeightsView& w, const void* x, const int32_t* topk_
   }
   const Bf16* xb = static_cast<const Bf16*>(x);
   check_finite_input(xb, tokens, spec_.hidden);
-  const ViewLayerWeights lw(spec_, w);
+  const ViewLayerWeights lw(spec_, w, 0, ViewUse::Experts);
   const int E = spec_.num_experts, k = spec_.top_k;
   const bool fused = eo.add_shared && engine_gpu::fused_for(w, options_.fuse, nullptr);
   const bool add_shared = eo.add_shared && !fused && w.shared_w13 != nullptr;
@@ -210,8 +217,10 @@ void MoeOp::experts(const MoeWeightsView& w, const void* x, const int32_t* topk_
     const float scale = eo.shared_scale != nullptr ? eo.shared_scale[t] : 1.0f;
     for (int j = 0; j < k; ++j) {
       const int32_t id = topk_ids[static_cast<size_t>(t) * k + j];
-      MK_CHECK(id >= 0 && id < E,
-               "topk_ids[" << t << ", " << j << "] = " << id << " is outside [0, " << E << ")");
+      if (id < 0 || id >= E) {
+        host_status_.fetch_or(kStatusExpertIdOutOfRange);
+        MK_FAIL("topk_ids[" << t << ", " << j << "] = " << id << " is outside [0, " << E << ")");
+      }
       r.ids[static_cast<size_t>(t) * r.slots + j] = id;
       r.weights[static_cast<size_t>(t) * r.slots + j] =
           topk_weights[static_cast<size_t>(t) * k + j];
@@ -223,6 +232,10 @@ void MoeOp::experts(const MoeWeightsView& w, const void* x, const int32_t* topk_
     if (add_shared) r.shared_scale[t] = scale;
   }
   store_bf16(host_experts(options_, lw, xb, tokens, r, add_shared), y);
+}
+
+MoeStatus MoeOp::read_host_status(bool clear) {
+  return MoeStatus::from_word(clear ? host_status_.exchange(0) : host_status_.load());
 }
 
 MoeStatus MoeOp::read_status(void* workspace, CUstream_st* stream, bool clear) const {

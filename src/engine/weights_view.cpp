@@ -9,6 +9,30 @@ namespace moekit {
 
 const char* location_name(Location l) { return l == Location::Host ? "host" : "device"; }
 
+const char* view_use_name(ViewUse u) {
+  switch (u) {
+    case ViewUse::Layer:
+      return "forward";
+    case ViewUse::Router:
+      return "route";
+    case ViewUse::RoutingBias:
+      return "route_logits";
+    case ViewUse::Experts:
+      return "experts";
+  }
+  return "?";
+}
+
+int64_t fp8_w13_scale_floats(const MoeSpec& spec) {
+  const int64_t t = kFp8Tile;
+  return 2 * ((spec.expert_intermediate + t - 1) / t) * ((spec.hidden + t - 1) / t);
+}
+
+int64_t fp8_w2_scale_floats(const MoeSpec& spec) {
+  const int64_t t = kFp8Tile;
+  return ((spec.hidden + t - 1) / t) * ((spec.expert_intermediate + t - 1) / t);
+}
+
 namespace {
 
 // One stack's stride: `given` elements, 0 = dense; never smaller than one expert's matrix.
@@ -19,13 +43,55 @@ int64_t stack_stride(int64_t given, int64_t dense, const char* name, const char*
   return given == 0 ? dense : given;
 }
 
-}  // namespace
+// The router and the routing's biases: what route() and forward() read.
+void validate_router(const MoeSpec& spec, const MoeWeightsView& v, ViewUse use) {
+  if (use == ViewUse::Layer || use == ViewUse::Router) {
+    MK_CHECK(v.router_weight != nullptr, "router_weight of " << spec.name << " is null ("
+                                                             << view_use_name(use)
+                                                             << " reads the router)");
+    MK_CHECK(spec.router_dtype == DType::BF16 || spec.router_dtype == DType::F32,
+             "expected router dtype BF16 or F32, got " << dtype_name(spec.router_dtype));
+    MK_CHECK(!spec.has_router_bias || v.router_bias != nullptr,
+             spec.name << " has a router bias (gpt-oss) but router_bias is null");
+  }
+  MK_CHECK(!spec.has_correction_bias || v.correction_bias != nullptr,
+           spec.name << " has an e_score_correction_bias but correction_bias is null");
+}
 
-void validate_view(const MoeSpec& spec, const MoeWeightsView& v) {
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// An fp8 view's stacks: e4m3 bytes and fp32 tile scales, the bf16 stacks and the (bf16) unfused
+// shared MLP absent.
+void validate_fp8_stacks(const MoeSpec& spec, const MoeWeightsView& v, int rows) {
+  MK_CHECK(v.w13 == nullptr && v.w2 == nullptr,
+           "an fp8 view (expert_dtype F8_E4M3) reads w13_fp8 / w2_fp8 and their scales; its bf16 "
+           "w13 / w2 must be null, got w13 "
+               << static_cast<const void*>(v.w13) << ", w2 " << static_cast<const void*>(v.w2));
+  MK_CHECK(v.shared_w13 == nullptr,
+           "an fp8 view holds the shared expert as its fused slots (fused_slots), not as the "
+           "bf16 unfused MLP: shared_w13 / shared_w2 must be null");
+  if (rows > 0) {
+    const char* missing = v.w13_fp8 == nullptr     ? "w13_fp8"
+                          : v.w13_scale == nullptr ? "w13_scale"
+                          : v.w2_fp8 == nullptr    ? "w2_fp8"
+                          : v.w2_scale == nullptr  ? "w2_scale"
+                                                   : nullptr;
+    MK_CHECK(missing == nullptr, missing << " of the fp8 view of " << spec.name << " is null ("
+                                         << rows << " experts)");
+  }
+  MK_CHECK(aligned(v.w13_scale, alignof(float)) && aligned(v.w2_scale, alignof(float)),
+           "the fp8 tile scales must be 4-byte aligned (fp32), got w13_scale "
+               << v.w13_scale << ", w2_scale " << v.w2_scale);
+  stack_stride(v.w13_scale_expert_stride, fp8_w13_scale_floats(spec), "w13_scale_expert_stride",
+               "[2 ceil(I/128), ceil(H/128)] scale grid");
+  stack_stride(v.w2_scale_expert_stride, fp8_w2_scale_floats(spec), "w2_scale_expert_stride",
+               "[ceil(H/128), ceil(I/128)] scale grid");
+}
+
+// The stacks, their biases and the shared expert: what experts() and forward() read.
+void validate_experts(const MoeSpec& spec, const MoeWeightsView& v) {
   const int E = spec.num_experts;
   const int64_t H = spec.hidden, I = spec.expert_intermediate;
-  MK_CHECK(v.location == Location::Host || v.location == Location::Device,
-           "expected view location host or device, got " << static_cast<int>(v.location));
   MK_CHECK(v.expert_offset >= 0 && v.expert_offset <= E, "expected expert_offset in [0, "
                                                              << E << "] for " << spec.name
                                                              << ", got " << v.expert_offset);
@@ -35,13 +101,6 @@ void validate_view(const MoeSpec& spec, const MoeWeightsView& v) {
                             << ") is outside the " << E << " experts of " << spec.name
                             << " (expert_offset " << v.expert_offset << ", expert_count "
                             << v.expert_count << ")");
-  MK_CHECK(v.router_weight != nullptr, "router_weight of " << spec.name << " is null");
-  MK_CHECK(spec.router_dtype == DType::BF16 || spec.router_dtype == DType::F32,
-           "expected router dtype BF16 or F32, got " << dtype_name(spec.router_dtype));
-  MK_CHECK(!spec.has_router_bias || v.router_bias != nullptr,
-           spec.name << " has a router bias (gpt-oss) but router_bias is null");
-  MK_CHECK(!spec.has_correction_bias || v.correction_bias != nullptr,
-           spec.name << " has an e_score_correction_bias but correction_bias is null");
   const bool has_shared = spec.shared_kind != SharedKind::None && spec.shared_intermediate > 0;
   MK_CHECK(v.fused_slots == 0 || (has_shared && v.fused_slots == spec.shared_slots()),
            "expected fused_slots 0 or " << spec.shared_slots() << " (the shared slots of "
@@ -52,9 +111,20 @@ void validate_view(const MoeSpec& spec, const MoeWeightsView& v) {
   MK_CHECK(has_shared || v.shared_w13 == nullptr,
            spec.name << " has no shared expert, but shared_w13/shared_w2 are set");
   const int rows = count + v.fused_slots;
-  if (rows > 0) {
-    MK_CHECK(v.w13 != nullptr, "w13 of " << spec.name << " is null (" << rows << " experts)");
-    MK_CHECK(v.w2 != nullptr, "w2 of " << spec.name << " is null (" << rows << " experts)");
+  MK_CHECK(v.expert_dtype == DType::BF16 || v.expert_dtype == DType::F8_E4M3,
+           "expected expert_dtype BF16 or F8_E4M3 (fp8 block-scale), got "
+               << dtype_name(v.expert_dtype));
+  if (v.fp8()) {
+    validate_fp8_stacks(spec, v, rows);
+  } else {
+    MK_CHECK(v.w13_fp8 == nullptr && v.w2_fp8 == nullptr && v.w13_scale == nullptr &&
+                 v.w2_scale == nullptr,
+             "the view's expert_dtype is BF16, but its fp8 stacks (w13_fp8, w2_fp8, scales) "
+             "are set: set expert_dtype = F8_E4M3 to run them");
+    if (rows > 0) {
+      MK_CHECK(v.w13 != nullptr, "w13 of " << spec.name << " is null (" << rows << " experts)");
+      MK_CHECK(v.w2 != nullptr, "w2 of " << spec.name << " is null (" << rows << " experts)");
+    }
   }
   stack_stride(v.w13_expert_stride, 2 * I * H, "w13_expert_stride", "[2I, H]");
   stack_stride(v.w2_expert_stride, H * I, "w2_expert_stride", "[H, I]");
@@ -67,13 +137,33 @@ void validate_view(const MoeSpec& spec, const MoeWeightsView& v) {
   }
 }
 
+}  // namespace
+
+void validate_view(const MoeSpec& spec, const MoeWeightsView& v, ViewUse use) {
+  MK_CHECK(v.location == Location::Host || v.location == Location::Device,
+           "expected view location host or device, got " << static_cast<int>(v.location));
+  if (use != ViewUse::Experts) validate_router(spec, v, use);
+  if (use == ViewUse::Layer || use == ViewUse::Experts) validate_experts(spec, v);
+}
+
 ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& v, int local_row) {
   const int64_t H = spec.hidden, I = spec.expert_intermediate;
   const int64_t s13 = v.w13_expert_stride == 0 ? 2 * I * H : v.w13_expert_stride;
   const int64_t s2 = v.w2_expert_stride == 0 ? H * I : v.w2_expert_stride;
   ExpertView ex;
-  ex.w13 = v.w13 + local_row * s13;
-  ex.w2 = v.w2 + local_row * s2;
+  if (v.fp8()) {
+    const int64_t t13 = v.w13_scale_expert_stride == 0 ? fp8_w13_scale_floats(spec)
+                                                       : v.w13_scale_expert_stride;
+    const int64_t t2 =
+        v.w2_scale_expert_stride == 0 ? fp8_w2_scale_floats(spec) : v.w2_scale_expert_stride;
+    ex.w13_fp8 = v.w13_fp8 + local_row * s13;
+    ex.w13_scale = v.w13_scale + local_row * t13;
+    ex.w2_fp8 = v.w2_fp8 + local_row * s2;
+    ex.w2_scale = v.w2_scale + local_row * t2;
+  } else {
+    ex.w13 = v.w13 + local_row * s13;
+    ex.w2 = v.w2 + local_row * s2;
+  }
   // the fused slots carry no biases (no model with expert biases has a shared expert)
   if (spec.has_expert_bias && local_row < v.local_experts(spec) && v.b13 != nullptr) {
     const int64_t sb13 = v.b13_expert_stride == 0 ? 2 * I : v.b13_expert_stride;
@@ -84,11 +174,13 @@ ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& v, int local_r
   return ex;
 }
 
-ViewLayerWeights::ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& view, int layer)
+ViewLayerWeights::ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& view, int layer,
+                                   ViewUse use)
     : LayerWeights(spec, layer), view_(view) {
   MK_CHECK(view.location == Location::Host,
            "ViewLayerWeights runs the CPU backends on host weights, got a device view");
-  validate_view(spec, view);
+  validate_view(spec, view, use);
+  if (view.fp8()) expert_format_ = ExpertFormat::Fp8Block;
 }
 
 const float* ViewLayerWeights::router_bias() const {

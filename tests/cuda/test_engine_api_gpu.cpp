@@ -13,7 +13,7 @@
 
 #include "../engine_test_util.h"
 #include "../expect_error.h"
-#include "device_stacks.h"
+#include "engine_gpu_test_util.h"
 #include "layer_test_util.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/layer.h"
@@ -185,6 +185,19 @@ TEST(EngineGpuStatus, OutOfRangeIdIsReported) {
       EXPECT_TRUE(s.expert_id_out_of_range) << "T=" << tokens << " id " << bad;
       EXPECT_NE(s.message().find("outside [0, E)"), std::string::npos);
       EXPECT_TRUE(eng.op.read_status(eng.ws->p, nullptr).ok()) << "cleared by the read";
+      // experts() reads no router: a view without one runs, and the host op reports the same word
+      MoeWeightsView stacks_only = ds.view;
+      stacks_only.router_weight = nullptr;
+      eng.op.experts(stacks_only, dx.p, di.as<int32_t>(), dw.as<float>(), dy.p, tokens, {},
+                     eng.ws->p, eng.ws->bytes, nullptr);
+      const uint32_t device_word = eng.op.read_status(eng.ws->p, nullptr).word();
+      const EngineStacks hs = make_stacks(*lw);
+      MoeOp host(spec, MoeOptions{});
+      std::vector<Bf16> hy(x.size());
+      EXPECT_ANY_THROW(host.experts(hs.view, x.data(), ids.data(), w.data(), hy.data(), tokens, {},
+                                    nullptr, 0, nullptr));
+      EXPECT_EQ(device_word, host.read_host_status().word()) << "T=" << tokens << " id " << bad;
+      EXPECT_EQ(device_word, kStatusExpertIdOutOfRange);
     }
   }
 }

@@ -15,7 +15,7 @@
 
 #include "../engine_test_util.h"
 #include "../expect_error.h"
-#include "device_stacks.h"
+#include "engine_gpu_test_util.h"
 #include "layer_test_util.h"
 #include "moekit/ep.h"
 #include "moekit/ep_local.h"

@@ -15,6 +15,16 @@ buffers (so later changes to the source parameters are not seen):
     [E, 2I, H] gate rows first, its bias likewise, and experts.down_proj [E, I, H] to w2
     [E, H, I]. Its block returns (y, router_scores); the patched one returns (y, None) (the
     decoder layer discards the scores).
+MiniMax-M3's shared MLP is already fused (shared_experts.gate_up_proj [2 Is, H], gate rows
+first): borrowed as shared_w13. DeepSeek-V4's hash-routed layers (the first ones, whose gate
+is a DeepseekV4HashRouter: experts picked from the token ids by a table) keep the block's own
+router and shared MLP and run the routed experts on torch.ops.moekit.fused_experts; they need
+the input_ids the decoder layer passes.
+
+transformers 5.23 ships a class for every MoE family moekit serves except Kimi-K2, whose
+checkpoints carry their own code (DeepSeek-V3's architecture under model_type kimi_k2): load it
+as DeepseekV3ForCausalLM to patch it. A block of remote code whose class name matches one
+below but whose layout does not (per-expert nn.Linear lists) is refused naming its module.
 """
 
 from __future__ import annotations
@@ -72,8 +82,22 @@ FAMILIES: Dict[str, Family] = {
         {**_ROUTED, "correction_bias": lambda b: b.gate.e_score_correction_bias,
          "shared_w2": lambda b: b.shared_experts.down_proj.weight},
         _shared_mlp("shared_experts")),
+    "DeepseekV32MoE": Family(
+        {**_ROUTED, "correction_bias": lambda b: b.gate.e_score_correction_bias,
+         "shared_w2": lambda b: b.shared_experts.down_proj.weight},
+        _shared_mlp("shared_experts")),
+    # the hash-routed layers' gate has no correction bias (and routes by token id)
+    "DeepseekV4SparseMoeBlock": Family(
+        {**_ROUTED,
+         "correction_bias": lambda b: getattr(b.gate, "e_score_correction_bias", None),
+         "shared_w2": lambda b: b.shared_experts.down_proj.weight},
+        _shared_mlp("shared_experts")),
     "MiniMaxM2SparseMoeBlock": Family(
         {**_ROUTED, "correction_bias": lambda b: b.e_score_correction_bias}),
+    "MiniMaxM3VLSparseMoeBlock": Family(
+        {**_ROUTED, "correction_bias": lambda b: b.gate.e_score_correction_bias,
+         "shared_w13": lambda b: b.shared_experts.gate_up_proj.weight,
+         "shared_w2": lambda b: b.shared_experts.down_proj.weight}),
     "Qwen2MoeSparseMoeBlock": Family(
         {"w13": _ROUTED["w13"], "w2": _ROUTED["w2"],
          "shared_w2": lambda b: b.shared_expert.down_proj.weight},
@@ -108,6 +132,8 @@ class MoekitMoeBlock(nn.Module):
         super().__init__()
         self.source_class = type(block).__name__
         self.returns_tuple = family.returns_tuple
+        # DeepSeek-V4's hash-routed layers: the block's own gate picks the experts by token id
+        self.hash_routed = bool(getattr(block, "is_hash", False))
         self.spec = spec
         for name, child in block.named_children():
             self.add_module(name, child)
@@ -118,32 +144,65 @@ class MoekitMoeBlock(nn.Module):
         self._borrowed: Dict[str, Getter] = {}
         for name in _NAMES:
             getter = family.borrowed.get(name)
-            if getter is not None and getter(block).dtype == _dtype_of(spec, name):
+            source = _read(block, getter, name)
+            if source is not None and source.dtype == _dtype_of(spec, name):
                 self._borrowed[name] = getter
                 continue
-            getter = getter or family.repacked.get(name)
+            if source is None and family.repacked.get(name) is not None:
+                source = _read(block, family.repacked[name], name)
             packed = None
-            if getter is not None:
+            if source is not None:
                 with torch.no_grad():
-                    packed = getter(block).detach().to(_dtype_of(spec, name)).contiguous()
+                    packed = source.detach().to(_dtype_of(spec, name)).contiguous()
             self.register_buffer("packed_" + name, packed, persistent=False)
 
     def _tensor(self, name: str) -> Optional[torch.Tensor]:
         getter = self._borrowed.get(name)
         return getter(self) if getter is not None else getattr(self, "packed_" + name)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor,
+                input_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # input_ids: passed by DeepSeek-V4's decoder layer, read by its hash-routed layers only
         t = {name: self._tensor(name) for name in _NAMES}
         h = hidden_states.shape[-1]
-        y = torch.ops.moekit.moe_layer(
-            hidden_states.reshape(-1, h), t["router_weight"], t["router_bias"],
-            t["correction_bias"], t["w13"], t["w2"], t["b13"], t["b2"], t["shared_w13"],
-            t["shared_w2"], self.spec.json, 0)
+        x = hidden_states.reshape(-1, h)
+        if self.hash_routed:
+            y = self._hash_routed(x, input_ids, t)
+        else:
+            y = torch.ops.moekit.moe_layer(
+                x, t["router_weight"], t["router_bias"], t["correction_bias"], t["w13"], t["w2"],
+                t["b13"], t["b2"], t["shared_w13"], t["shared_w2"], self.spec.json, 0)
         y = y.reshape(hidden_states.shape)
         return (y, None) if self.returns_tuple else y
 
+    def _hash_routed(self, x: torch.Tensor, input_ids: Optional[torch.Tensor],
+                     t: Dict[str, Optional[torch.Tensor]]) -> torch.Tensor:
+        if input_ids is None:
+            raise ValueError(f"moekit: the hash-routed {self.source_class} picks its experts from "
+                             "the token ids: call the model with input_ids, not inputs_embeds")
+        _, weights, ids = self.gate(x, input_ids)
+        routed = torch.ops.moekit.fused_experts(x, t["w13"], t["w2"], ids.to(torch.int32),
+                                                weights.float(), self.spec.json, None, None, 0)
+        return routed + self.shared_experts(x).to(routed.dtype)
+
     def extra_repr(self) -> str:
         return f"moekit for {self.source_class}: {self.spec!r}"
+
+
+def _read(block: nn.Module, getter: Optional[Getter], name: str) -> Optional[torch.Tensor]:
+    """getter(block), or a NotImplementedError naming the block's class and module where the
+    block lacks the layout of transformers' own class (remote code of the same name)."""
+    if getter is None:
+        return None
+    try:
+        return getter(block)
+    except AttributeError as e:
+        cls = type(block)
+        raise NotImplementedError(
+            f"moekit.integrations.transformers.patch: {cls.__name__} from {cls.__module__} does "
+            f"not have the layout of transformers' {cls.__name__} (reading {name}: {e}); moekit "
+            "patches transformers' own classes (load the model without trust_remote_code)"
+        ) from e
 
 
 def _looks_like_moe(module: nn.Module) -> bool:

@@ -4,6 +4,8 @@
 // w13 [E+S, 2I, H], w2 [E+S, H, I], the fused slots after the routed experts) and at the pieces
 // of the caller's workspace, then runs the owning layer's own launches: the same plan, the same
 // kernels, so the same bits. Every entry makes options.device current and restores the caller's.
+// fp8 views (MoeOptions::expert_dtype F8_E4M3) point the Impl's fp8 stacks at the caller's e4m3
+// bytes and tile scales and run its fp8 kernels (W8A8), the shared expert as fused slots only.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -13,6 +15,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/engine/engine_dispatch.h"
+#include "cuda/experts/quantize_rows_fp8.h"
 #include "cuda/layer/layer_impl.h"
 #include "cuda/router_gemm/router_gemm.h"
 #include "engine/gpu_hooks.h"
@@ -46,6 +49,7 @@ std::unique_ptr<Impl> make_core(const MoeSpec& spec, const MoeOptions& options) 
   impl->opt.fuse = options.fuse;
   impl->opt.device = options.device;
   impl->opt.overrides = options.overrides;
+  impl->opt.expert_dtype = options.expert_dtype;
   impl->init_shapes();
   impl->validate();
   impl->device = cuda::live_device_info(options.device);
@@ -82,8 +86,10 @@ void check_aligned(const void* p, const char* name) {
 
 // Points the Impl at the view's weights and the workspace's pieces, after the checks only the
 // GPU backend needs (the view itself is validated by moe_op.cpp).
-// Returns whether the pointer checks ran (not while `stream` is captured).
-bool bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes, cudaStream_t stream) {
+// Returns whether the pointer checks ran (not while `stream` is captured). reads_experts: the
+// call runs the stacks (not route()), whose dtype must then be the op's.
+bool bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes, cudaStream_t stream,
+          bool reads_experts = true) {
   const MoeSpec& spec = m.spec;
   const int64_t H = spec.hidden, I = spec.expert_intermediate;
   MK_CHECK((w.w13_expert_stride == 0 || w.w13_expert_stride == 2 * I * H) &&
@@ -101,16 +107,36 @@ bool bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes, cudaS
                                                  << " (workspace_bytes())");
   MK_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
            "the workspace must be 256-byte aligned, got " << workspace);
+  MK_CHECK(!reads_experts || w.expert_dtype == m.opt.expert_dtype,
+           "the op runs " << dtype_name(m.opt.expert_dtype)
+                          << " experts on the device (MoeOptions::expert_dtype), but the view "
+                             "holds "
+                          << dtype_name(w.expert_dtype) << " stacks");
+  MK_CHECK(!w.fp8() || ((w.w13_scale_expert_stride == 0 ||
+                         w.w13_scale_expert_stride == fp8_w13_scale_floats(spec)) &&
+                        (w.w2_scale_expert_stride == 0 ||
+                         w.w2_scale_expert_stride == fp8_w2_scale_floats(spec))),
+           "the GPU backend takes dense fp8 scale grids (w13_scale_expert_stride 0 or "
+               << fp8_w13_scale_floats(spec) << ", w2_scale_expert_stride 0 or "
+               << fp8_w2_scale_floats(spec) << ")");
   const int dev = m.opt.device;
   const bool check = !capturing(stream);
   check_device_pointer(w.router_weight, dev, "router_weight", check);
   check_device_pointer(w.w13, dev, "w13", check);
   check_device_pointer(w.w2, dev, "w2", check);
+  check_device_pointer(w.w13_fp8, dev, "w13_fp8", check);
+  check_device_pointer(w.w13_scale, dev, "w13_scale", check);
+  check_device_pointer(w.w2_fp8, dev, "w2_fp8", check);
+  check_device_pointer(w.w2_scale, dev, "w2_scale", check);
   check_device_pointer(w.shared_w13, dev, "shared_w13", check);
   check_device_pointer(workspace, dev, "workspace", check);
   check_aligned(w.router_weight, "router_weight");
   check_aligned(w.w13, "w13");
   check_aligned(w.w2, "w2");
+  check_aligned(w.w13_fp8, "w13_fp8");
+  check_aligned(w.w13_scale, "w13_scale");
+  check_aligned(w.w2_fp8, "w2_fp8");
+  check_aligned(w.w2_scale, "w2_scale");
   check_aligned(w.shared_w13, "shared_w13");
   check_aligned(w.shared_w2, "shared_w2");
   m.wp.router_w = w.router_weight;
@@ -122,11 +148,24 @@ bool bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes, cudaS
   m.wp.b2 = spec.has_expert_bias ? w.b2 : nullptr;
   m.wp.shared_w13 = reinterpret_cast<const __nv_bfloat16*>(w.shared_w13);
   m.wp.shared_w2 = reinterpret_cast<const __nv_bfloat16*>(w.shared_w2);
+  m.wp.w13_fp8 = w.w13_fp8;
+  m.wp.w13_scale = w.w13_scale;
+  m.wp.w2_fp8 = w.w2_fp8;
+  m.wp.w2_scale = w.w2_scale;
   m.carve_workspace(workspace, &m.ws);
   m.add_shared = true;
   m.slice_count = w.local_experts(spec);
   m.dispatch_flag = nullptr;
   return check;
+}
+
+// fp8 runs the shared expert as fused slots only (the plan has no fp8 dense shared MLP): a call
+// of a spec with a shared expert that leaves it out, or holds it unfused, is refused by name.
+void require_fp8_shared(const Impl& m, bool add_shared, const char* what) {
+  MK_CHECK(!m.fp8 || !m.has_shared || add_shared,
+           what << " on fp8 device views of " << m.spec.name
+                << " runs the shared expert as fused slots: a call without it (an expert slice "
+                   "not holding it, or ExpertsOptions::add_shared false) is not supported there");
 }
 
 // The fusion asked of the plan: Auto stays Auto where the view holds both forms (the plan's
@@ -200,6 +239,11 @@ namespace {
 void dispatch_and_experts(Impl& m, const MoeWeightsView& w, const plan::LayerPlan& pl,
                           const void* x, const int32_t* topk_ids, const float* topk_weights,
                           const float* shared_scale, void* y, cudaStream_t stream) {
+  // the fp8 bulk kernels read x in e4m3 (forward_device quantises it before the router GEMM)
+  if (pl.fp8 && pl.stream == plan::Stream::Bulk) {
+    cuda::quantize_rows_fp8(static_cast<const __nv_bfloat16*>(x), pl.tokens, m.H,
+                            m.spec.quant.scale_ue8m0, m.ws.x8, m.ws.x8_scale, false, stream);
+  }
   m.dispatch_flag = m.ws.dropped;  // dropping another rank's pairs is no error
   cuda::EngineDispatchParams dp;
   dp.rp = m.routing_params(pl);
@@ -234,6 +278,7 @@ void forward(MoeOp::Gpu& gpu, const MoeWeightsView& w, const void* x, void* y, i
   // into the workspace, then this view's pairs only
   check_aligned(x, "x");
   check_aligned(y, "y");
+  require_fp8_shared(m, add_shared, "forward");
   const FuseShared f = add_shared ? plan_fuse(m, w, m.opt.fuse, tokens, false) : FuseShared::Off;
   const plan::LayerPlan& pl = m.plan_for(tokens, f, false);
   m.add_shared = add_shared;
@@ -256,14 +301,18 @@ void route(MoeOp::Gpu& gpu, const MoeWeightsView& w, const void* x, const float*
            size_t bytes, CUstream_st* stream) {
   Impl& m = *gpu.impl;
   DeviceGuard guard(m.opt.device);
-  const bool check = bind(m, w, workspace, bytes, stream);
+  const bool check = bind(m, w, workspace, bytes, stream, false);
   if (x != nullptr) check_aligned(x, "x");
   check_device_pointer(topk_ids, m.opt.device, "topk_ids", check);
   check_device_pointer(topk_weights, m.opt.device, "topk_weights", check);
-  // the unfused routing: k slots per token, written straight into the caller's arrays
-  const plan::LayerPlan& pl = m.plan_for(tokens, FuseShared::Off, false);
+  // the unfused routing: k slots per token, written straight into the caller's arrays (fp8:
+  // the plan of the fused forward, whose router GEMM is the same; its routing config unfused)
+  const bool fp8_shared = m.fp8 && m.has_shared;
+  const plan::LayerPlan& pl =
+      m.plan_for(tokens, fp8_shared ? FuseShared::On : FuseShared::Off, false);
   if (x != nullptr) m.launch_router_gemm(pl, x, stream);
   cuda::RoutingParams rp = m.routing_params(pl);
+  rp.cfg = m.cfg_unfused;
   rp.weight_rows = m.E;  // every expert's ids are in range, whatever slice the view holds
   rp.logits = x != nullptr ? m.ws.logits : logits;
   rp.ids = topk_ids;
@@ -285,6 +334,7 @@ void experts(MoeOp::Gpu& gpu, const MoeWeightsView& w, const void* x, const int3
   check_device_pointer(topk_ids, m.opt.device, "topk_ids", check);
   check_device_pointer(topk_weights, m.opt.device, "topk_weights", check);
   const bool add_shared = eo.add_shared && m.has_shared && w.holds_shared();
+  require_fp8_shared(m, add_shared, "experts");
   const FuseShared f = add_shared ? plan_fuse(m, w, m.opt.fuse, tokens, false) : FuseShared::Off;
   const plan::LayerPlan& pl = m.plan_for(tokens, f, false);
   m.add_shared = add_shared;
@@ -301,9 +351,7 @@ MoeStatus read_status(int device, void* workspace, size_t, CUstream_st* stream, 
   MK_CUDA_CHECK(cudaMemcpyAsync(&word, workspace, sizeof(int), cudaMemcpyDeviceToHost, stream));
   if (clear) MK_CUDA_CHECK(cudaMemsetAsync(workspace, 0, sizeof(int), stream));
   MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  MoeStatus s;
-  s.expert_id_out_of_range = (word & 1) != 0;
-  return s;
+  return MoeStatus::from_word(static_cast<uint32_t>(word));
 }
 
 }  // namespace engine_gpu

@@ -1,6 +1,7 @@
-// What the GPU engine-API tests share (tests/cuda/test_engine_api_gpu.cpp, test_ep_local.cpp):
-// a cudaMalloc'ed buffer freed at scope exit, the engine's device copy of make_stacks' buffers
-// (tests/engine_test_util.h) with the device view of it, and a MoeOp with its workspace.
+// What the engine API's GPU tests share (test_engine_api_gpu.cpp, test_engine_fp8_gpu.cpp,
+// test_ep_local.cpp): a
+// device buffer, the engine's device copy of make_stacks' buffers (bf16 or fp8) with the device
+// view of it, and a MoeOp with its prepared workspace.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 
 #include "../engine_test_util.h"
 #include "moekit/moe.h"
+#include "moekit/plan.h"
 
 namespace moekit::test {
 
@@ -41,6 +43,7 @@ struct Dev {
 // The engine's device copy of make_stacks' buffers and the device view of it.
 struct DeviceStacks {
   std::unique_ptr<Dev> router, router_bias, corr_bias, w13, w2, b13, b2, shared_w13, shared_w2;
+  std::unique_ptr<Dev> w13_fp8, w13_scale, w2_fp8, w2_scale;
   MoeWeightsView view;
 
   explicit DeviceStacks(const EngineStacks& h) {
@@ -56,6 +59,10 @@ struct DeviceStacks {
     b2 = up(h.b2);
     shared_w13 = up(h.shared_w13);
     shared_w2 = up(h.shared_w2);
+    w13_fp8 = up(h.w13_fp8);
+    w13_scale = up(h.w13_scale);
+    w2_fp8 = up(h.w2_fp8);
+    w2_scale = up(h.w2_scale);
     view = h.view;
     view.location = Location::Device;
     auto ptr = [](const std::unique_ptr<Dev>& d) { return d ? d->p : nullptr; };
@@ -68,10 +75,13 @@ struct DeviceStacks {
     view.b2 = static_cast<const float*>(ptr(b2));
     view.shared_w13 = static_cast<const Bf16*>(ptr(shared_w13));
     view.shared_w2 = static_cast<const Bf16*>(ptr(shared_w2));
+    view.w13_fp8 = static_cast<const uint8_t*>(ptr(w13_fp8));
+    view.w13_scale = static_cast<const float*>(ptr(w13_scale));
+    view.w2_fp8 = static_cast<const uint8_t*>(ptr(w2_fp8));
+    view.w2_scale = static_cast<const float*>(ptr(w2_scale));
   }
 };
 
-// The engine options of the tests: max_tokens, fuse, the plan's knobs from the environment.
 inline MoeOptions engine_options(int max_tokens, FuseShared fuse) {
   MoeOptions o;
   o.max_tokens = max_tokens;
