@@ -99,7 +99,13 @@ TEST(EngineFp8Gpu, ForwardEqualsTheOwningFp8LayerBitForBit) {
         for (int j = 0; j < k; ++j) g.routing.ids[t * ref.routing.slots + j] = gi[t * k + j];
       }
       for (size_t i = 0; i < ye.size(); ++i) g.y[i] = bf16_to_float(ye[i]);
-      expect_layer_matches(spec, tokens, g, ref, what + " route + experts vs the reference");
+      // the prefill path rounds gate/up to bf16 and re-quantises h from it (fp8_experts.md rule
+      // 6): against the reference it is bounded as in test_prefill_fp8_path.cpp (kTolReference)
+      const bool prefill = plan::plan_layer(spec, tokens, FuseShared::Auto, {},
+                                            cuda::live_device_info(), DType::F8_E4M3)
+                               .stream == plan::Stream::Grouped;
+      expect_layer_matches(spec, tokens, g, ref, what + " route + experts vs the reference",
+                           prefill ? 3e-2 : 5e-3);
       EXPECT_TRUE(eng.op.read_status(eng.ws->p, nullptr).ok()) << what;
     }
   }
