@@ -2,14 +2,18 @@
 // an engine's own copy of a layer's weights in vLLM's fused_experts layout (stacks [n, 2I, H] and
 // [n, H, I], the fused shared slots after the routed experts; bf16, or fp8 block-scale bytes and
 // tile scales for an Fp8Block LayerWeights), built from a LayerWeights, and the MoeWeightsView
-// that borrows it.
+// that borrows it; and the bf16 bit-for-bit comparison of outputs.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "moekit/dtype.h"
 #include "moekit/moe.h"
 #include "moekit/weights.h"
 
@@ -133,6 +137,25 @@ inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = 
   v.expert_count = o.expert_count;
   if (fp8) copy_fp8_stacks(lw, o, count, rows, s);
   return s;
+}
+
+// y (fp32) rounded to bf16, as the engine API writes it.
+inline std::vector<Bf16> to_bf16(const std::vector<float>& y) {
+  std::vector<Bf16> out(y.size());
+  for (size_t i = 0; i < y.size(); ++i) out[i] = float_to_bf16(y[i]);
+  return out;
+}
+
+// got == want bit for bit, or a failure naming how many elements differ and the first.
+inline void expect_same_bits(const std::vector<Bf16>& got, const std::vector<Bf16>& want,
+                             const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i].bits != want[i].bits && bad++ == 0) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements differ, first at " << first << " ("
+                     << bf16_to_float(got[first]) << " vs " << bf16_to_float(want[first]) << ")";
 }
 
 }  // namespace moekit::test

@@ -26,23 +26,6 @@ const std::vector<std::string> kEngineModels = {
 
 MoeSpec engine_spec(const std::string& model) { return shrunk_spec(model, 64, 32, 16); }
 
-std::vector<Bf16> to_bf16(const std::vector<float>& y) {
-  std::vector<Bf16> out(y.size());
-  for (size_t i = 0; i < y.size(); ++i) out[i] = float_to_bf16(y[i]);
-  return out;
-}
-
-void expect_same_bits(const std::vector<Bf16>& got, const std::vector<Bf16>& want,
-                      const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i].bits != want[i].bits && bad++ == 0) first = i;
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements differ, first at " << first << " ("
-                     << bf16_to_float(got[first]) << " vs " << bf16_to_float(want[first]) << ")";
-}
-
 class EngineApi : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineApi, ForwardMatchesTheBackendsBitForBit) {
