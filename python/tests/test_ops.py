@@ -83,7 +83,7 @@ def test_errors_name_the_problem():
     ids, weights = moekit.route(w["logits"], s)
     with pytest.raises(RuntimeError, match=r"expected w13 bf16, got Float"):
         moekit.fused_experts(w["x"], w["w13"].float(), w["w2"], ids, weights, s)
-    with pytest.raises(RuntimeError, match=r"expected w13 of shape \[n, 64, 64\]"):
+    with pytest.raises(RuntimeError, match=r"expected w13 of shape \[n, 128, 64\]"):
         moekit.fused_experts(w["x"], w["w13"][:, :10], w["w2"], ids, weights, s)
     with pytest.raises(RuntimeError, match=r"expected topk_ids of shape \[5, 2\]"):
         moekit.fused_experts(w["x"], w["w13"], w["w2"], ids[:, :1], weights, s)

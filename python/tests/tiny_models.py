@@ -1,6 +1,7 @@
 """Tiny random transformers models of each supported family, shrunk from configs/*.json (no
-download): hidden 64, 8 experts of width 32, top-2, 2 layers, every weight bf16-exact so that an
-fp32 model and moekit (which reads bf16) see the same numbers."""
+download): hidden 64, 8 experts of width 64 (the GPU experts take widths that are multiples of
+64), top-2, 2 layers, every weight bf16-exact so that an fp32 model and moekit (which reads bf16)
+see the same numbers."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import transformers
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
-_COMMON = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+_COMMON = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=64,
                num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, head_dim=16, vocab_size=128,
                max_position_embeddings=128, rope_scaling=None, tie_word_embeddings=False,
@@ -22,7 +23,7 @@ _COMMON = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
 FAMILIES = {
     "qwen3_moe": ("qwen3-30b-a3b", dict(num_experts=8, mlp_only_layers=[],
                                         decoder_sparse_step=1)),
-    "mixtral": ("mixtral-8x7b", dict(num_local_experts=8, intermediate_size=32)),
+    "mixtral": ("mixtral-8x7b", dict(num_local_experts=8, intermediate_size=64)),
     "deepseek_v2": ("deepseek-v2-lite", dict(n_routed_experts=8, n_shared_experts=2,
                                              first_k_dense_replace=1, kv_lora_rank=16,
                                              qk_nope_head_dim=16, qk_rope_head_dim=8,
@@ -34,12 +35,12 @@ FAMILIES = {
                                         qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
                                         num_key_value_heads=4,
                                         routed_scaling_factor=2.5)),
-    "qwen2_moe": ("qwen2-57b-a14b", dict(num_experts=8, shared_expert_intermediate_size=48,
+    "qwen2_moe": ("qwen2-57b-a14b", dict(num_experts=8, shared_expert_intermediate_size=128,
                                          decoder_sparse_step=1)),
-    "minimax_m2": ("minimax-m2", dict(num_local_experts=8, intermediate_size=32,
+    "minimax_m2": ("minimax-m2", dict(num_local_experts=8, intermediate_size=64,
                                       rotary_dim=16)),
     "gpt_oss": ("gpt-oss-120b", dict(num_local_experts=8, experts_per_token=2,
-                                     intermediate_size=32,
+                                     intermediate_size=64,
                                      layer_types=["sliding_attention", "full_attention"])),
     "glm_moe_dsa": ("glm-5", dict(n_routed_experts=8, n_group=1, topk_group=1,
                                   n_shared_experts=1, first_k_dense_replace=1,
@@ -62,7 +63,7 @@ FAMILIES = {
     # 3 layers: one hash-routed (token-id table), two score-routed; attention shrunk (one
     # compressed layer), 2 hyper-connection streams
     "deepseek_v4": ("deepseek-v4-flash", dict(n_routed_experts=8, n_shared_experts=1,
-                                              intermediate_size=32, num_hidden_layers=3,
+                                              intermediate_size=64, num_hidden_layers=3,
                                               num_hash_layers=1, q_lora_rank=32,
                                               qk_rope_head_dim=8, num_key_value_heads=1,
                                               o_groups=2, o_lora_rank=16, index_head_dim=16,
@@ -71,7 +72,7 @@ FAMILIES = {
                                               hc_mult=2)),
     # the text model of the VL checkpoint (text_config); layer 0 dense, layer 1 MoE
     "minimax_m3": ("minimax-m3", dict(model_type="minimax_m3_vl_text", num_local_experts=8,
-                                      intermediate_size=32, shared_intermediate_size=32,
+                                      intermediate_size=64, shared_intermediate_size=64,
                                       dense_intermediate_size=96, moe_layer_freq=[0, 1],
                                       rotary_dim=8)),
 }

@@ -42,11 +42,13 @@ inline std::string cuda_error_message(cudaError_t err, const char* statement) {
     }                                                                                         \
   } while (0)
 
-// Print-only: for destructors (a throw there would terminate).
+// Print-only: for destructors (a throw there would terminate). Silent on
+// cudaErrorCudartUnloading: at process exit (layers that the Python ops' cache holds until the
+// interpreter ends) the runtime is unloading and reclaims the memory and streams itself.
 #define MK_CUDA_WARN(stmt)                                                                    \
   do {                                                                                        \
     const cudaError_t mk_cuda_err_ = (stmt);                                                  \
-    if (mk_cuda_err_ != cudaSuccess) {                                                        \
+    if (mk_cuda_err_ != cudaSuccess && mk_cuda_err_ != cudaErrorCudartUnloading) {            \
       std::fprintf(stderr, "moekit: %s (in %s at %s:%d)\n",                                   \
                    ::moekit::cuda::detail::cuda_error_message(mk_cuda_err_, #stmt).c_str(),   \
                    __func__, __FILE__, __LINE__);                                             \

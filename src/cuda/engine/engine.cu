@@ -155,7 +155,7 @@ bool bind(Impl& m, const MoeWeightsView& w, void* workspace, size_t bytes, cudaS
   m.carve_workspace(workspace, &m.ws);
   m.add_shared = true;
   m.slice_count = w.local_experts(spec);
-  m.dispatch_flag = nullptr;
+  m.drops_pairs = false;
   return check;
 }
 
@@ -244,7 +244,7 @@ void dispatch_and_experts(Impl& m, const MoeWeightsView& w, const plan::LayerPla
     cuda::quantize_rows_fp8(static_cast<const __nv_bfloat16*>(x), pl.tokens, m.H,
                             m.spec.quant.scale_ue8m0, m.ws.x8, m.ws.x8_scale, false, stream);
   }
-  m.dispatch_flag = m.ws.dropped;  // dropping another rank's pairs is no error
+  m.drops_pairs = true;  // dropping another rank's pairs is no error
   cuda::EngineDispatchParams dp;
   dp.rp = m.routing_params(pl);
   dp.topk_ids = topk_ids;
@@ -258,7 +258,7 @@ void dispatch_and_experts(Impl& m, const MoeWeightsView& w, const plan::LayerPla
     cuda::zero_dropped_partials(m.ws.ids, pl.tokens * pl.slots, m.ws.partial, m.H, stream);
   }
   m.launch_experts(pl, dp.rp, x, y, stream);
-  m.dispatch_flag = nullptr;
+  m.drops_pairs = false;
 }
 
 }  // namespace

@@ -7,10 +7,10 @@
 //   global id g in [offset, offset + count)  -> row g - offset
 //   g outside the slice (another rank's)      -> dropped: id -1, weight 0
 //   g outside [0, E)                          -> dropped, and *status |= 1
-// The fused slot j is row count + j. The align step flags the dropped pairs in rp.error_flag
-// (a scratch word: dropping is not an error here). On the decode kernels a dropped pair's fp32
-// partial row is not written, yet the combine reads it (times weight 0): zero_dropped_partials
-// zeroes those rows, so a slice's y is the exact sum over its own pairs.
+// The fused slot j is row count + j. rp.error_flag is null: the align step drops the -1 pairs
+// without an error. On the decode kernels a dropped pair's fp32 partial row is not written, yet
+// the combine reads it (times weight 0): zero_dropped_partials zeroes those rows, so a slice's y
+// is the exact sum over its own pairs.
 #pragma once
 
 #include <cuda_runtime.h>

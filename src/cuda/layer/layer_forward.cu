@@ -129,7 +129,7 @@ RoutingParams GpuMoeLayer::Impl::routing_params(const plan::LayerPlan& pl) const
   rp.counters = ws.counters;
   rp.tile_counters = ws.tile_counters;
   rp.num_tile_counters = H / 16 + (down_tail ? 1 : 0);  // (+ its CTAs done)
-  rp.error_flag = dispatch_flag != nullptr ? dispatch_flag : ws.status;
+  rp.error_flag = drops_pairs ? nullptr : ws.status;
   rp.trace = trace;
   return rp;
 }
@@ -303,7 +303,7 @@ void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x
   p.shared_partial = shared_unfused ? ws.shared_partial : nullptr;
   p.shared_scale = shared_unfused ? ws.shared_scale : nullptr;
   p.y = static_cast<__nv_bfloat16*>(y);
-  p.error_flag = dispatch_flag != nullptr ? dispatch_flag : ws.status;
+  p.error_flag = drops_pairs ? nullptr : ws.status;
   p.tile_m = pl.grouped_tile_m;
   p.workspace = ws.prefill;
   p.workspace_bytes = ws.prefill_bytes;

@@ -76,11 +76,9 @@ struct LayerWorkspace {
   int* tile_counters = nullptr;
   void* prefill = nullptr;  // the prefill path's, where a plan up to max_tokens takes it
   size_t prefill_bytes = 0;
-  // the engine API's: a routing of [T, k] before its expansion, and the word where the dispatch
-  // of an expert slice flags the pairs it drops (another rank's, not an error)
+  // the engine API's: a routing of [T, k] before its expansion
   int32_t* topk_ids = nullptr;
   float* topk_weights = nullptr;
-  int* dropped = nullptr;
 };
 
 // Makes `device` current for its scope and restores the caller's device after (the library
@@ -122,8 +120,10 @@ struct GpuMoeLayer::Impl {
   // The routed experts the weight stacks hold as rows 0..slice_count-1 (then the fused slots):
   // E for the owning layer; an engine's expert slice (src/cuda/engine/) holds fewer.
   int slice_count = 0;
-  // Where the dispatch (align step, prefill plan) flags a pair it drops; null: ws.status.
-  int* dispatch_flag = nullptr;
+  // true: the dispatch (align step, prefill plan) drops the pairs outside the weight rows without
+  // an error (an expert slice: the engine dispatch marks another rank's pairs -1 and reports the
+  // ids outside [0, E) itself); false: such a pair sets ws.status.
+  bool drops_pairs = false;
   // plans by (tokens, fusion asked for, self-routing allowed): planned once, outside any graph
   // capture's hot path
   mutable std::unordered_map<long long, plan::LayerPlan> plans;

@@ -50,7 +50,6 @@ size_t GpuMoeLayer::Impl::carve_workspace(void* base, LayerWorkspace* out) const
   take(w.tile_counters, H / 16 + 1);  // + the down tail's CTAs done
   take(w.topk_ids, tm * K);
   take(w.topk_weights, tm * K);
-  take(w.dropped, 1);
   // The decode kernels' h and partials and the prefill path's workspace share one region: a
   // forward runs its experts on one or the other (plan::LayerPlan::stream).
   const size_t shared_region = (at + 255) / 256 * 256;

@@ -74,7 +74,8 @@ struct PrefillParams {
   const float* shared_partial = nullptr;
   const float* shared_scale = nullptr;
   __nv_bfloat16* y = nullptr;  // [T, H]
-  int* error_flag = nullptr;   // set to 1 when an id falls outside [0, rows) (its slot dropped)
+  int* error_flag = nullptr;   // set to 1 when an id falls outside [0, rows) (its slot dropped);
+                               // or null
 
   PrefillGemm gemm = PrefillGemm::Cutlass;
   // the bf16 CUTLASS instance's tile rows: 128 or 64 (plan::LayerPlan::grouped_tile_m); the fp8

@@ -4,7 +4,8 @@
 // Input: ids [T, slots] (routed ids, then the fused shared ids E..E+S-1). The experts are counted
 // over the WEIGHT ROWS (E + S), never over the routed E alone: counting only E is the classic
 // bug where shared ids fall out of range and silently corrupt the output. An id outside
-// [0, E+S) sets *error_flag (the host checks it in forward()) and is dropped.
+// [0, E+S) sets *error_flag (the host checks it in forward()) and is dropped; with no error_flag
+// (an expert slice's dispatch, where -1 marks another rank's pair) it is only dropped.
 //
 //   counts[e]   shared-memory atomics over all T*slots pairs
 //   scan        block-wide exclusive scan of (count, ceil(count/chunk)) -> list offsets, task ids
@@ -112,7 +113,7 @@ __device__ __forceinline__ void align_block(const RoutingParams& p, const int* l
     const int e = local_ids != nullptr ? local_ids[q] : __ldcg(p.ids + q);
     if (e >= 0 && e < rows) {
       atomicAdd(&counts[e], 1);
-    } else {
+    } else if (p.error_flag != nullptr) {
       atomicExch(p.error_flag, 1);
     }
   }
@@ -177,7 +178,7 @@ __device__ __forceinline__ void align_small(const RoutingParams& p, const int* l
 
   const int e = lane < pairs ? local_ids[lane] : -1;
   const bool valid = e >= 0 && e < rows;
-  if (lane < pairs && !valid) atomicExch(p.error_flag, 1);
+  if (lane < pairs && !valid && p.error_flag != nullptr) atomicExch(p.error_flag, 1);
   // invalid and unused lanes sort after every expert and are never written
   const int key = valid ? e : rows;
   const unsigned peers = __match_any_sync(0xffffffffu, key);

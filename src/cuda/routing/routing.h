@@ -58,7 +58,7 @@ struct RoutingParams {
   // per-task counters zeroed for every task of the forward (its length is the task
   // capacity), or null (the layer passes null)
   int* task_done = nullptr;
-  int* error_flag = nullptr;       // set to 1 when an id falls outside [0, weight_rows)
+  int* error_flag = nullptr;       // set to 1 when an id falls outside [0, weight_rows); or null
   unsigned long long* trace = nullptr;  // kernel timeline (cuda/common/trace.cuh) or null
 };
 
