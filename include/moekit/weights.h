@@ -161,7 +161,12 @@ class LayerWeights {
 
 // Deterministic random weights: every value a function of (seed, layer, tensor, index), scaled
 // so a layer's output is O(1) for O(1) inputs. Experts are generated on first use.
-std::unique_ptr<LayerWeights> make_random_weights(const MoeSpec& spec, int layer, uint64_t seed);
+// format: how the experts and the shared MLP are held. Fp8Block / Mxfp4 / Mxfp8 quantise the
+// same bf16 values as save_checkpoint writes those forms (fp8: 128x128 tiles of amax / 448, gate
+// and up tiled separately, powers of two under spec.quant.scale_ue8m0; MX: OCP MX per row, which
+// needs H and I multiples of 32), so a benchmark of a format needs no checkpoint on disk.
+std::unique_ptr<LayerWeights> make_random_weights(const MoeSpec& spec, int layer, uint64_t seed,
+                                                  ExpertFormat format = ExpertFormat::Bf16);
 
 struct LoadOptions {
   // How expert and shared-MLP weights are held. Bf16 (the default, and what the CUDA layer

@@ -6,7 +6,9 @@
 //                  1 thread to show the scaling, or the reference with --backend reference)
 //   gb_per_s       bytes the layer must read / time: the distinct experts the routing touched
 //                  (fused shared slots count as experts) + the unfused shared MLP + the router
-//                  weight; activations are negligible and not counted
+//                  weight, the experts and the shared MLP in the bytes of --dtype (fp8: a byte a
+//                  weight + its tile scales; MX: packed elements + e8m0 bytes); activations are
+//                  negligible and not counted
 //   bw_fraction    gb_per_s / the read bandwidth of the same thread count, measured here by
 //                  summing a 1 GiB buffer (cpu_fast::ReadProbe) in passes interleaved with the
 //                  timed forwards (medians of both), since the machine may be shared
@@ -14,6 +16,9 @@
 //   speedup_vs_reference   reference median / fast median, same inputs (the reference is skipped
 //                  where one call would take more than ~10 s, and the field is null)
 //
+// --dtype (bf16 | fp8 | mxfp4 | mxfp8, or config: what the config declares) is how the experts are
+// held: random weights quantised as save_checkpoint writes that form (make_random_weights), or a
+// checkpoint kept in it. fp8 runs weight-only in both backends (the fast one has no W8A8).
 // Random expert weights are generated lazily on first use, and generation must not pollute the
 // timings. When every expert fits comfortably in memory (Qwen3-30B: 0.45 GB, MiniMax-M2: 7.2 GB)
 // all are materialised up front and each iteration takes the next of 8 different inputs, so the
@@ -32,6 +37,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "cli_context.h"
 #include "commands.h"
 #include "io/mem_available.h"
 #include "moekit/cpu_fast.h"
@@ -81,13 +87,43 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// --dtype's format: config = what the spec's quantization_config declares.
+ExpertFormat bench_format(const MoeSpec& spec, const std::string& dtype) {
+  if (dtype != "config") return parse_expert_format(dtype);
+  if (spec.fp8_experts()) return ExpertFormat::Fp8Block;
+  if (spec.quant.kind == QuantKind::Mxfp4) return ExpertFormat::Mxfp4;
+  if (spec.quant.kind == QuantKind::Mxfp8) return ExpertFormat::Mxfp8;
+  return ExpertFormat::Bf16;
+}
+
+// Bytes of one expert and of the shared MLP held in format f.
+struct MlpBytes {
+  double expert = 0, shared = 0;
+};
+MlpBytes mlp_bytes(const MoeSpec& spec, ExpertFormat f) {
+  switch (f) {
+    case ExpertFormat::Fp8Block:
+      return {static_cast<double>(spec.fp8_expert_bytes()),
+              static_cast<double>(spec.fp8_shared_bytes())};
+    case ExpertFormat::Mxfp4:
+    case ExpertFormat::Mxfp8: {
+      MoeSpec as = spec;  // (the MX byte counts follow quant.kind)
+      as.quant.kind = f == ExpertFormat::Mxfp4 ? QuantKind::Mxfp4 : QuantKind::Mxfp8;
+      return {static_cast<double>(as.mx_expert_bytes()), static_cast<double>(as.mx_shared_bytes())};
+    }
+    case ExpertFormat::Bf16:
+      break;
+  }
+  return {static_cast<double>(spec.expert_bytes()), static_cast<double>(spec.shared_bytes())};
+}
+
 // Bytes one forward must read: distinct touched experts (and fused slots), the unfused shared
 // MLP, the router weight.
-double layer_bytes(const MoeSpec& spec, const ForwardResult& r) {
+double layer_bytes(const MoeSpec& spec, const MlpBytes& b, const ForwardResult& r) {
   const std::set<int32_t> touched(r.routing.ids.begin(), r.routing.ids.end());
   const bool unfused_shared = !r.fused && spec.shared_kind != SharedKind::None;
-  return static_cast<double>(touched.size()) * spec.expert_bytes() +
-         (unfused_shared ? spec.shared_bytes() : 0) + spec.router_bytes();
+  return static_cast<double>(touched.size()) * b.expert + (unfused_shared ? b.shared : 0) +
+         static_cast<double>(spec.router_bytes());
 }
 
 struct Timing {
@@ -104,8 +140,8 @@ struct Timing {
 // iterations > 0 fixes the number of timed forwards, else at least kMinIterations and
 // kMinTimedSeconds.
 template <typename Fn>
-Timing time_forward(const MoeSpec& spec, int inputs, int iterations, bool warmup,
-                    cpu_fast::ReadProbe* probe, int probe_threads, Fn fn) {
+Timing time_forward(const MoeSpec& spec, const MlpBytes& bytes, int inputs, int iterations,
+                    bool warmup, cpu_fast::ReadProbe* probe, int probe_threads, Fn fn) {
   if (warmup) {
     for (int i = 0; i < inputs; ++i) fn(i);
   }
@@ -134,7 +170,7 @@ Timing time_forward(const MoeSpec& spec, int inputs, int iterations, bool warmup
       const ForwardResult r = fn(i);
       const double s = seconds_since(t0);
       us.push_back(s * 1e6);
-      bw.push_back(layer_bytes(spec, r) / s / 1e9);
+      bw.push_back(layer_bytes(spec, bytes, r) / s / 1e9);
       experts +=
           static_cast<double>(std::set<int32_t>(r.routing.ids.begin(), r.routing.ids.end()).size());
     } while (seconds_since(r0) < round_budget && !done(seconds_since(start)));
@@ -159,7 +195,9 @@ int run_bench_cpu(const BenchOptions& opt) {
     need.workspace = kProbeBytes;
     check_host_memory(need, spec.name + " (bench --batch " + std::to_string(tokens) + ")");
   }
-  const auto weights = load_layer_weights(spec, layer, opt.weights, opt.seed);
+  const ExpertFormat format = bench_format(spec, opt.dtype);
+  const MlpBytes bytes = mlp_bytes(spec, format);
+  const auto weights = load_layer_weights(spec, layer, opt.weights, opt.seed, format);
   const std::string backend = opt.backend;
   MK_CHECK(backend == "fast" || backend == "reference",
            "--backend '" << backend << "' is not one of fast, reference");
@@ -183,7 +221,7 @@ int run_bench_cpu(const BenchOptions& opt) {
 
   // ---- weights: all experts up front when they fit, else a fixed input per batch
   const int slots_total = spec.num_experts + spec.shared_slots();
-  const double all_bytes = static_cast<double>(slots_total) * spec.expert_bytes();
+  const double all_bytes = static_cast<double>(slots_total) * bytes.expert;
   const double available = static_cast<double>(mem_available_bytes());
   const bool prefetch_all = opt.weights.empty() && available > 0 && all_bytes < 0.6 * available;
   if (prefetch_all) {
@@ -204,10 +242,10 @@ int run_bench_cpu(const BenchOptions& opt) {
   char line[256];
   if (!opt.json) {
     std::printf(
-        "%s layer %d (%d MoE layers), %s, %s, %d threads; read bandwidth at start %.1f "
-        "GB/s\n",
-        spec.name.c_str(), layer, moe_layers, cpu.c_str(), cpu_fast::isa_name(isa), threads,
-        bw_start / 1e9);
+        "%s layer %d (%d MoE layers), experts %s, %s, %s, %d threads; read bandwidth at start "
+        "%.1f GB/s\n",
+        spec.name.c_str(), layer, moe_layers, expert_format_name(format), cpu.c_str(),
+        cpu_fast::isa_name(isa), threads, bw_start / 1e9);
     std::printf("%-6s %-5s %-9s %7s %11s %10s %8s %8s %7s %7s\n", "batch", "fuse", "backend",
                 "threads", "us/layer", "tokens/s", "GB/s", "read bw", "of bw", "x ref");
   }
@@ -240,9 +278,10 @@ int run_bench_cpu(const BenchOptions& opt) {
         for (int th : thread_counts) {
           cpu_fast::FastOptions fo;
           fo.threads = th;
-          const Timing t = time_forward(spec, inputs, opt.iterations, true, &probe, th, [&](int i) {
-            return cpu_fast::forward(*weights, xs[i].data(), tokens, fuse, fo);
-          });
+          const Timing t =
+              time_forward(spec, bytes, inputs, opt.iterations, true, &probe, th, [&](int i) {
+                return cpu_fast::forward(*weights, xs[i].data(), tokens, fuse, fo);
+              });
           rows.push_back({"fast", th, t, t.read_bw});
         }
       }
@@ -260,8 +299,9 @@ int run_bench_cpu(const BenchOptions& opt) {
         // baseline (a call can take seconds), except when the reference runs alone.
         const int ref_iterations =
             opt.iterations > 0 ? opt.iterations : (macs / kReferenceMacsPerSecond > 1.0 ? 1 : 3);
-        ref = time_forward(spec, inputs, ref_iterations, !fast, nullptr, 0, [&](int i) {
-          return cpu_reference::forward(*weights, xs[i].data(), tokens, fuse);
+        ref = time_forward(spec, bytes, inputs, ref_iterations, !fast, nullptr, 0, [&](int i) {
+          return cpu_reference::forward(*weights, xs[i].data(), tokens, fuse,
+                                        Fp8Compute::WeightOnly);
         });
       } else {
         log << "reference skipped at batch " << tokens << " (~"
@@ -284,6 +324,7 @@ int run_bench_cpu(const BenchOptions& opt) {
                               {"backend", row.backend},
                               {"isa", row.backend == "fast" ? cpu_fast::isa_name(isa) : "scalar"},
                               {"batch", tokens},
+                              {"dtype", expert_format_name(format)},
                               {"fuse_shared", fuse_shared_name(fuse)},
                               {"us_per_layer", row.t.us},
                               {"tokens_per_s", tps},
@@ -295,7 +336,8 @@ int run_bench_cpu(const BenchOptions& opt) {
                               {"experts_touched", row.t.experts},
                               {"distinct_inputs", inputs},
                               {"cpu", cpu},
-                              {"date", date}};
+                              {"date", date},
+                              {"command", command_line()}};
         double speedup = 0;
         if (run_ref) {
           speedup = ref.us / row.t.us;

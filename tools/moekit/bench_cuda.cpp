@@ -208,7 +208,8 @@ int run_bench_cuda(const BenchOptions& opt) {
   b.trace = opt.trace;
   b.overrides = env_overrides();
   MK_CHECK(opt.dtype == "bf16" || opt.dtype == "fp8" || opt.dtype == "config",
-           "bench: --dtype '" << opt.dtype << "' is not one of bf16, fp8, config");
+           "bench: --dtype '" << opt.dtype << "' is not one of bf16, fp8, config on --device "
+                              << "cuda (mxfp4 and mxfp8 run on --device cpu)");
   const bool fp8 = opt.dtype == "fp8" || (opt.dtype == "config" && load_spec(opt.model).fp8_experts());
   b.expert_dtype = fp8 ? DType::F8_E4M3 : DType::BF16;
   const std::vector<cuda::GpuBenchRecord> recs = cuda::bench_layer(b, !opt.json);

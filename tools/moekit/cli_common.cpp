@@ -22,9 +22,14 @@ int pick_moe_layer(const MoeSpec& spec, int requested) {
 }
 
 std::unique_ptr<LayerWeights> load_layer_weights(const MoeSpec& spec, int layer,
-                                                 const std::string& weights_dir, uint64_t seed) {
-  if (!weights_dir.empty()) return load_checkpoint_weights(spec, layer, weights_dir);
-  return make_random_weights(spec, layer, seed);
+                                                 const std::string& weights_dir, uint64_t seed,
+                                                 ExpertFormat format) {
+  if (!weights_dir.empty()) {
+    LoadOptions lo;
+    lo.expert_format = format;
+    return load_checkpoint_weights(spec, layer, weights_dir, lo);
+  }
+  return make_random_weights(spec, layer, seed, format);
 }
 
 std::vector<Bf16> random_input(const MoeSpec& spec, int tokens, uint64_t seed) {

@@ -17,9 +17,11 @@ namespace moekit::cli {
 // The layer to run: `requested` if >= 0 (must be an MoE layer), else the spec's first MoE layer.
 int pick_moe_layer(const MoeSpec& spec, int requested);
 
-// Weights of one MoE layer: from a checkpoint directory if given, else random from the seed.
+// Weights of one MoE layer: from a checkpoint directory if given, else random from the seed;
+// the experts and the shared MLP held in `format` (make_random_weights, LoadOptions).
 std::unique_ptr<LayerWeights> load_layer_weights(const MoeSpec& spec, int layer,
-                                                 const std::string& weights_dir, uint64_t seed);
+                                                 const std::string& weights_dir, uint64_t seed,
+                                                 ExpertFormat format = ExpertFormat::Bf16);
 
 // Deterministic activations x[tokens, hidden] in [-1, 1), bf16.
 std::vector<Bf16> random_input(const MoeSpec& spec, int tokens, uint64_t seed);

@@ -26,7 +26,8 @@ struct BenchOptions {
   int threads = 0;                // cpu only: 0 = all cores
   int iterations = 0;             // 0 = chosen by the backend
   bool trace = false;             // cuda only: print each batch's kernel timeline
-  std::string dtype = "config";   // cuda: the experts' dtype, bf16 | fp8 | config (as declared)
+  std::string dtype = "config";   // the experts' dtype: bf16 | fp8 | config (as declared); cpu
+                                  // also mxfp4 | mxfp8
 };
 
 void add_inspect_command(CLI::App& app);   // cmd_inspect.cpp
