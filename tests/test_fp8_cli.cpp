@@ -13,9 +13,11 @@
 
 #include "fp8_test_util.h"
 #include "io_test_util.h"
+#include "moekit/cpu_fast.h"
 #include "moekit/layer.h"
 #include "moekit/safetensors.h"
 #include "moekit/spec.h"
+#include "moekit/weights.h"
 #include "shrunk_spec.h"
 
 namespace moekit {
@@ -101,10 +103,24 @@ TEST_F(Fp8Cli, RefusesWhatItCannotRun) {
   EXPECT_NE(r.err.find("--expert-dtype 'fp4' is not one of bf16, fp8"), std::string::npos) << r.err;
   r = run_cli(dir_, run_args("--expert-dtype fp8 --backend reference --fp8-compute int8"));
   EXPECT_NE(r.err.find("unknown fp8 compute mode 'int8'"), std::string::npos) << r.err;
-  r = run_cli(dir_, "run --model " + cfg_ + " --device cpu --expert-dtype fp8");
-  EXPECT_NE(r.err.find("--expert-dtype fp8 keeps a checkpoint's fp8 experts: it needs --weights"),
-            std::string::npos)
-      << r.err;
+}
+
+// Without --weights: the random weights quantised to fp8 (make_random_weights), both backends.
+TEST_F(Fp8Cli, RunsRandomFp8Experts) {
+  const auto w = make_random_weights(spec_, 3, 9, ExpertFormat::Fp8Block);
+  for (const char* backend : {"reference", "fast"}) {
+    SCOPED_TRACE(backend);
+    const Cli r = run_cli(dir_, "run --model " + cfg_ + " --layer 3 --device cpu --seed 9 --input " +
+                                    dir_ + "/x.safetensors --output " + dir_ +
+                                    "/out.safetensors --expert-dtype fp8 --fp8-compute weight-only "
+                                    "--backend " + backend);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const ForwardResult want = std::string(backend) == "fast"
+        ? cpu_fast::forward(*w, x_.data(), tokens_, FuseShared::Auto)
+        : cpu_reference::forward(*w, x_.data(), tokens_, FuseShared::Auto,
+                                 Fp8Compute::WeightOnly);
+    EXPECT_EQ(output_y(), want.y);
+  }
 }
 
 TEST_F(Fp8Cli, InspectReportsTheQuantisationAndFp8Bytes) {

@@ -71,10 +71,9 @@ void run(const RunOptions& options) {
   }();
   const bool keep_quantised = held != ExpertFormat::Bf16;
   const bool keep_fp8 = held == ExpertFormat::Fp8Block;
-  // (the GPU holds random fp8 experts too: codes and tile scales generated there)
-  MK_CHECK(!keep_quantised || !o.weights.empty() || (keep_fp8 && device == "cuda"),
-           "--expert-dtype " << o.expert_dtype << " keeps a checkpoint's " << o.expert_dtype
-                             << " experts: it needs --weights");
+  // Without --weights the experts are random in that form: on the CPU the random bf16 weights
+  // quantised as save_checkpoint writes the form (make_random_weights), on the GPU fp8 codes and
+  // tile scales generated there.
   MK_CHECK(!keep_quantised || keep_fp8 || device == "cpu",
            "--expert-dtype " << o.expert_dtype
                              << " runs on the CPU (--device cpu); the GPU layer takes bf16 or fp8");
@@ -112,13 +111,7 @@ void run(const RunOptions& options) {
     gpu_layer = cuda::GpuMoeLayer::create_random(spec, layer, o.seed, opt);
     origin = "random seed " + std::to_string(o.seed) + " (generated on the GPU)";
   } else {
-    if (keep_quantised) {
-      LoadOptions lo;
-      lo.expert_format = held;
-      weights = load_checkpoint_weights(spec, layer, o.weights, lo);
-    } else {
-      weights = load_layer_weights(spec, layer, o.weights, o.seed);
-    }
+    weights = load_layer_weights(spec, layer, o.weights, o.seed, held);
     origin = weights->origin();
   }
   auto forward = [&](FuseShared mode) {
@@ -234,8 +227,9 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "CPU backend: fast|reference")->capture_default_str();
   cmd->add_option("--expert-dtype", o->expert_dtype,
-                  "bf16 (checkpoints dequantised at load), or fp8 / mxfp4 / mxfp8 (a "
-                  "checkpoint's experts kept in that format, CPU only)")
+                  "bf16 (checkpoints dequantised at load), or fp8 / mxfp4 / mxfp8: the experts "
+                  "held in that form (a checkpoint's as stored, random ones quantised; mxfp4 / "
+                  "mxfp8 on the CPU only)")
       ->capture_default_str();
   cmd->add_option("--fp8-compute", o->fp8_compute,
                   "fp8 experts: w8a8 or weight-only (default: w8a8 on the reference, "
