@@ -191,6 +191,14 @@ TEST(RandomFormats, CpuBenchCountsTheBytesOfItsDtype) {
     const double want = 17 * k.expert_bytes + static_cast<double>(spec.router_bytes());
     EXPECT_NEAR(bytes / want, 1.0, 1e-9);
   }
+  const std::string bad = std::string(MOEKIT_CLI_PATH) + " bench --device cpu --model " + dir +
+                          "/config.json --batch 1 --dtype fp4 >/dev/null 2>" + dir + "/err.txt";
+  const int rc = std::system(bad.c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) != 0);
+  EXPECT_NE(test::read_file(dir + "/err.txt")
+                .find("bench: --dtype 'fp4' is not one of bf16, fp8, mxfp4, mxfp8, config"),
+            std::string::npos)
+      << test::read_file(dir + "/err.txt");
 }
 
 }  // namespace
