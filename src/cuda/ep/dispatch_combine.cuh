@@ -4,8 +4,10 @@
 // source's tokens in chunks of kPackThreads (a block-wide exclusive sum of "has a pair on d"),
 // which gives each flagged token its packed row in token order; then the CTA copies the flagged
 // rows (16-byte vectors), their k ids and weights, and fills the rows [count, fill_rows) with an
-// id outside d's slice. One CTA per destination keeps the order deterministic without atomics;
-// decode batches are small, and the copies are bandwidth-bound anyway.
+// id outside d's slice. Those rows' x is not written: the destination drops their pairs and never
+// reads it, though the transport moves the whole fixed block. One CTA per destination keeps the
+// order deterministic without atomics; decode batches are small, and the copies are
+// bandwidth-bound anyway.
 //
 // ep_combine: one thread per 8 output columns (one 16-byte vector) of one token; the terms are
 // summed in their given order in fp32 and the sum rounded to bf16 once.
