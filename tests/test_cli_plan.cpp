@@ -105,19 +105,19 @@ TEST(CliPlan, JsonNamesTheSameKernelsPerBatch) {
   EXPECT_EQ(j[0]["routing_kernel"], false) << "one token: the gate/up kernel routes it itself";
 }
 
-TEST(CliListKernels, ListsThe41InstancesOfTheTable) {
+TEST(CliListKernels, ListsThe43InstancesOfTheTable) {
   SKIP_WITHOUT_CLI();
   const CliOutput r = run_moekit("list-kernels");
   ASSERT_EQ(r.status, 0) << r.out;
   const std::vector<std::string> lines = lines_of(r.out);
   const auto kernels = plan::expert_kernels();
-  ASSERT_EQ(lines.size(), 41u) << r.out;
-  ASSERT_EQ(kernels.size(), 41u);
+  ASSERT_EQ(lines.size(), 43u) << r.out;
+  ASSERT_EQ(kernels.size(), 43u);
   for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i], plan::describe(kernels[i]));
   const CliOutput js = run_moekit("list-kernels --json");
   ASSERT_EQ(js.status, 0) << js.out;
   const nlohmann::json j = nlohmann::json::parse(js.out);
-  ASSERT_EQ(j.size(), 41u);
+  ASSERT_EQ(j.size(), 43u);
   for (size_t i = 0; i < j.size(); ++i) EXPECT_EQ(j[i]["name"], kernels[i].name);
 }
 

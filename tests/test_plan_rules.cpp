@@ -83,18 +83,65 @@ TEST(PlanRules, Fp8DownRowsOfAtMost2KBTakeTheDeepRingOfWeightsOnly) {
   EXPECT_TRUE(experts_down_deep_fp8_ring(1536, kDownDeepTokens));  // MiniMax-M2
   EXPECT_FALSE(experts_down_deep_fp8_ring(2176, kDownDeepTokens));
   EXPECT_FALSE(experts_down_deep_fp8_ring(2048, 0));  // MOEKIT_EXPERTS_DOWN_DEEP=0
-  // in the plan: DeepSeek-V3 in fp8 at one token, and the deep ring only in fp8
-  const MoeSpec ds = load_spec("deepseek-v3");
+  // in the plan: MiniMax-M2 in fp8 at two tokens (one token takes the fp8 one-token ring;
+  // DeepSeek-V3's down kernel has its tail there), and the deep ring only in fp8
+  const MoeSpec ds = load_spec("minimax-m2");
   const DeviceInfo sm90 = device_profile("sm90");
-  auto down = [&](DType dt, PlanOverrides o) {
-    const LayerPlan p = plan_layer(ds, 1, FuseShared::Auto, o, sm90, dt);
+  auto down = [&](DType dt, PlanOverrides o, int tokens) {
+    const LayerPlan p = plan_layer(ds, tokens, FuseShared::Auto, o, sm90, dt);
     return std::string(expert_kernels()[p.experts.back().kernel].name);
   };
-  EXPECT_EQ(down(DType::F8_E4M3, {}), "bulk_down_weights_only_deep_fp8");
+  EXPECT_EQ(down(DType::F8_E4M3, {}, 2), "bulk_down_weights_only_deep_fp8");
   PlanOverrides off;
   off.down_deep_tokens = 0;
-  EXPECT_EQ(down(DType::F8_E4M3, off), "bulk_down_weights_only_fp8");
-  EXPECT_EQ(down(DType::BF16, {}).find("deep"), std::string::npos);
+  EXPECT_EQ(down(DType::F8_E4M3, off, 2), "bulk_down_weights_only_fp8");
+  EXPECT_EQ(down(DType::BF16, {}, 1).find("deep"), std::string::npos);
+  EXPECT_EQ(down(DType::BF16, {}, 2).find("deep"), std::string::npos);
+}
+
+// docs/decisions/fp8_experts.md
+TEST(PlanRules, Fp8AtOneTokenTakesTheRingsThatCarryTheActivationAndTheScales) {
+  EXPECT_TRUE(experts_fp8_one_token_ring(Gemm::GateUp, 1, 7168, 1));  // DeepSeek-V3, Kimi-K2
+  EXPECT_TRUE(experts_fp8_one_token_ring(Gemm::GateUp, 1, 3072, 1));  // MiniMax-M2
+  EXPECT_TRUE(experts_fp8_one_token_ring(Gemm::Down, 1, 2048, 1));
+  EXPECT_TRUE(experts_fp8_one_token_ring(Gemm::Down, 1, 1536, 1));
+  EXPECT_FALSE(experts_fp8_one_token_ring(Gemm::Down, 1, 2560, 1));    // rows over 2 KB
+  EXPECT_FALSE(experts_fp8_one_token_ring(Gemm::GateUp, 1, 1408, 1));  // scale runs not 16 B
+  EXPECT_FALSE(experts_fp8_one_token_ring(Gemm::GateUp, 2, 7168, 1));
+  EXPECT_FALSE(experts_fp8_one_token_ring(Gemm::GateUp, 1, 7168, 0));  // ONE_TOKEN_RING=0
+  const DeviceInfo sm90 = device_profile("sm90");
+  auto names = [&](const char* model, int tokens, PlanOverrides o) {
+    const LayerPlan p =
+        plan_layer(load_spec(model), tokens, FuseShared::Auto, o, sm90, DType::F8_E4M3);
+    std::string s;
+    for (const ExpertLaunch& l : p.experts) s += std::string(expert_kernels()[l.kernel].name) + " ";
+    return s;
+  };
+  for (const char* m : {"deepseek-v3", "kimi-k2", "minimax-m2", "deepseek-v4-flash"}) {
+    EXPECT_EQ(names(m, 1, {}), "bulk_gate_up_one_token_fp8 bulk_down_one_token_deep_fp8 ") << m;
+    EXPECT_EQ(names(m, 2, {}).find("one_token"), std::string::npos) << m;
+  }
+  PlanOverrides off;
+  off.one_token_rings = 0;
+  EXPECT_EQ(names("deepseek-v3", 1, off),
+            "bulk_gate_up_weights_only_fp8 bulk_down_weights_only_deep_fp8 ");
+  // select_expert_kernel: each ring for its GEMM only, chunk 8 only, the tail in its place
+  auto name = [](const KernelChoice& c) {
+    return std::string(expert_kernels()[select_expert_kernel(c)].name);
+  };
+  EXPECT_EQ(name({.gemm = Gemm::GateUp, .ring = Ring::Fp8OneToken, .fp8 = true}),
+            "bulk_gate_up_one_token_fp8");
+  EXPECT_EQ(name({.gemm = Gemm::Down, .ring = Ring::Fp8OneTokenDeep, .fp8 = true}),
+            "bulk_down_one_token_deep_fp8");
+  EXPECT_EQ(name({.gemm = Gemm::Down, .ring = Ring::Fp8OneToken, .fp8 = true}),
+            "bulk_down_weights_only_fp8");
+  EXPECT_EQ(name({.gemm = Gemm::GateUp, .chunk = 16, .ring = Ring::Fp8OneToken, .fp8 = true}),
+            "bulk_gate_up_16_weights_only_fp8");
+  EXPECT_EQ(name({.gemm = Gemm::Down,
+                  .ring = Ring::Fp8OneTokenDeep,
+                  .down_tail = true,
+                  .fp8 = true}),
+            "bulk_down_weights_only_tail_fp8");
 }
 
 // docs/decisions/experts_l2_acts_ring.md

@@ -43,20 +43,23 @@ std::optional<Stream> parse_stream(const std::string& s);  // nullopt when not a
 
 // The bulk kernels' shared-memory ring (each shape its own layout, src/cuda/experts/).
 enum class Ring : uint8_t {
-  Standard,        // chunk 8: 2 stages of 16 weight rows x 4 KB + 8 activation rows;
-                   // chunk 16: 5 stages of 16 x 1 KB + 16 activation rows
-  Deep,            // down, rows <= 2 KB: 4 stages of 16 x 2 KB + 8 activation rows
-  OneTokenNarrow,  // down, one token, rows <= 1.5 KB: 8 stages of 16 x 1.5 KB + one activation
-                   // row, unpadded: a tile's rows one copy
-  OneToken,        // one token: 3 stages of 16 x 4 KB + one activation row, unpadded (gate/up;
-                   // down rows of exactly 4 KB: a tile's 16 rows one 64 KB copy)
-  WeightsOnly,     // 3 stages of 16 x 4 KB weights only; the consumer warps load their
-                   // activation fragments from L2 (chunk 16: both n-tiles on every fragment)
+  Standard,         // chunk 8: 2 stages of 16 weight rows x 4 KB + 8 activation rows;
+                    // chunk 16: 5 stages of 16 x 1 KB + 16 activation rows
+  Deep,             // down, rows <= 2 KB: 4 stages of 16 x 2 KB + 8 activation rows
+  OneTokenNarrow,   // down, one token, rows <= 1.5 KB: 8 stages of 16 x 1.5 KB + one activation
+                    // row, unpadded: a tile's rows one copy
+  OneToken,         // one token: 3 stages of 16 x 4 KB + one activation row, unpadded (gate/up;
+                    // down rows of exactly 4 KB: a tile's 16 rows one 64 KB copy)
+  WeightsOnly,      // 3 stages of 16 x 4 KB weights only; the consumer warps load their
+                    // activation fragments from L2 (chunk 16: both n-tiles on every fragment)
   WeightsOnlyDeep,  // fp8 down, rows <= 2 KB: 6 stages of 16 x 2 KB weights only
+  Fp8OneToken,      // fp8 gate/up, one token: 3 stages of 16 x 4 KB + the e4m3 activation row
+                    // + the chunk's activation and weight scales, unpadded
+  Fp8OneTokenDeep,  // fp8 down, one token, rows <= 2 KB: 6 stages of 16 x 2 KB + the same
 };
 const char* ring_name(
     Ring r);  // "standard", "deep", "one-token-narrow", "one-token", "weights-only",
-                 // "weights-only-deep"
+              // "weights-only-deep", "fp8-one-token", "fp8-one-token-deep"
 
 // One compiled kernel instance. The fields a family does not use keep their defaults.
 struct ExpertKernel {

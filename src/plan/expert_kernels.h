@@ -85,6 +85,9 @@ inline constexpr ExpertKernel kExpertKernels[] = {
     with_fp8(bulk("bulk_gate_up_16_weights_only_fp8", kGU, 2, Ring::WeightsOnly)),
     with_fp8(bulk("bulk_down_16_weights_only_fp8", kDn, 2, Ring::WeightsOnly)),
     with_fp8(bulk("bulk_down_weights_only_deep_fp8", kDn, 1, Ring::WeightsOnlyDeep)),
+    // bulk, fp8, one token: the activation row and every scale in the stage
+    with_fp8(bulk("bulk_gate_up_one_token_fp8", kGU, 1, Ring::Fp8OneToken)),
+    with_fp8(bulk("bulk_down_one_token_deep_fp8", kDn, 1, Ring::Fp8OneTokenDeep)),
     // registers
     regs("regs_gate_up", kGU, Stream::Registers, 1, 5),
     regs("regs_down", kDn, Stream::Registers, 1, 4),
@@ -117,12 +120,15 @@ constexpr bool legal(const ExpertKernel& k) {
            (k.warps == 8 || k.warps == 4);
   }
   const bool gu = k.gemm == Gemm::GateUp;
-  // fp8: the rings of weights only (the deep one: down, one n-tile, no tail), without the L2
-  // keep; the deep ring of weights only is fp8's alone
-  if (k.fp8 && ((k.ring != Ring::WeightsOnly && k.ring != Ring::WeightsOnlyDeep) || k.l2_keep))
-    return false;
-  if (k.ring == Ring::WeightsOnlyDeep && (!k.fp8 || gu || k.n_tiles != 1 || k.down_tail))
-    return false;
+  // fp8: the rings of weights only (the deep one: down, one n-tile, no tail) and the fp8
+  // one-token rings (gate/up; down, rows <= 2 KB), without the L2 keep; those three rings are
+  // fp8's alone
+  const bool fp8_ring = k.ring == Ring::WeightsOnlyDeep || k.ring == Ring::Fp8OneToken ||
+                        k.ring == Ring::Fp8OneTokenDeep;
+  if (k.fp8 && ((k.ring != Ring::WeightsOnly && !fp8_ring) || k.l2_keep)) return false;
+  if (fp8_ring && (!k.fp8 || k.n_tiles != 1 || k.down_tail)) return false;
+  if ((k.ring == Ring::WeightsOnlyDeep || k.ring == Ring::Fp8OneTokenDeep) && gu) return false;
+  if (k.ring == Ring::Fp8OneToken && !gu) return false;
   if (k.n_tiles == 2) {
     return (k.ring == Ring::Standard || k.ring == Ring::WeightsOnly) && !k.split_rows &&
            !k.l2_keep && !k.down_tail && !k.half_items && !k.self_route;
@@ -141,6 +147,8 @@ constexpr bool legal(const ExpertKernel& k) {
       return !k.l2_keep && !k.down_tail && !k.split_rows;
     case Ring::WeightsOnly:
     case Ring::WeightsOnlyDeep:
+    case Ring::Fp8OneToken:
+    case Ring::Fp8OneTokenDeep:
       return !k.split_rows && !k.half_items && !k.self_route;
   }
   return false;

@@ -100,6 +100,10 @@ bool experts_down_deep_fp8_ring(int k, int deep_tokens) {
   return deep_tokens != 0 && k <= 2 * 1024;
 }
 
+bool experts_fp8_one_token_ring(Gemm gemm, int tokens, int k, int enabled) {
+  return enabled != 0 && tokens == 1 && k % 512 == 0 && (gemm == Gemm::GateUp || k <= 2 * 1024);
+}
+
 bool experts_down_one_token_ring(int tokens, int k, int enabled) {
   return enabled != 0 && tokens == 1 && k <= 12 * kBlockK;
 }
@@ -147,9 +151,11 @@ int select_expert_kernel(const KernelChoice& c) {
     k.warps = late && chunk8 && !gate_up && c.k / kBlockK <= 16 ? 4 : 8;
     k.ctas_per_sm = 16 / k.warps;
   } else if (c.fp8) {
-    k.ring = c.ring == Ring::WeightsOnlyDeep && !gate_up && c.chunk == 8 && !c.down_tail
-                 ? Ring::WeightsOnlyDeep
-                 : Ring::WeightsOnly;
+    const bool own_ring =
+        c.chunk == 8 && (gate_up ? c.ring == Ring::Fp8OneToken
+                                 : !c.down_tail && (c.ring == Ring::WeightsOnlyDeep ||
+                                                    c.ring == Ring::Fp8OneTokenDeep));
+    k.ring = own_ring ? c.ring : Ring::WeightsOnly;
     k.fp8 = true;
     k.down_tail = !gate_up && c.down_tail && c.chunk == 8;
   } else if (c.chunk == 16) {

@@ -79,6 +79,13 @@ bool experts_down_deep_ring(int tokens, int k, int deep_tokens);
 // (docs/decisions/fp8_experts.md).
 bool experts_down_deep_fp8_ring(int k, int deep_tokens);
 
+// The fp8 one-token rings, where `enabled` (MOEKIT_EXPERTS_ONE_TOKEN_RING): at one token the
+// stage carries the e4m3 activation row and the chunk's activation and weight scales, so the
+// consumers read no global memory (Ring::Fp8OneToken for gate/up, Ring::Fp8OneTokenDeep for
+// down rows of <= 2 KB). k a multiple of 512: each scale row's chunks are whole 16-byte copies
+// (docs/decisions/fp8_experts.md).
+bool experts_fp8_one_token_ring(Gemm gemm, int tokens, int k, int enabled);
+
 // The one-token rings (docs/decisions/experts_one_token_rings.md), each where `enabled`: the
 // down kernel's for rows of <= 1.5 KB (k <= 768) and for rows of exactly 4 KB (k 2048); the
 // gate/up kernel's when it routes the token itself or rows are of several 4 KB chunks.

@@ -227,7 +227,11 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   g.role = "gate/up";
   Ring gate_up_ring = Ring::Standard;
   if (weights_only) {
-    gate_up_ring = Ring::WeightsOnly;
+    gate_up_ring =
+        fp8 && chunk == 8 &&
+                experts_fp8_one_token_ring(Gemm::GateUp, tokens, sh.H, st.one_token_rings)
+            ? Ring::Fp8OneToken
+            : Ring::WeightsOnly;
   } else if (!l2_keep &&
              experts_gate_up_one_token_ring(tokens, sh.H, self_route, st.one_token_rings)) {
     gate_up_ring = Ring::OneToken;
@@ -253,8 +257,12 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   ExpertLaunch d;
   d.role = "down";
   Ring down_ring = Ring::Standard;
-  if (weights_only) {
-    down_ring = fp8 && chunk == 8 && down_tail == 0 && experts_down_deep_fp8_ring(sh.I, st.down_deep)
+  const bool fp8_own_ring = fp8 && chunk == 8 && down_tail == 0;
+  if (weights_only && fp8_own_ring &&
+      experts_fp8_one_token_ring(Gemm::Down, tokens, sh.I, st.one_token_rings)) {
+    down_ring = Ring::Fp8OneTokenDeep;
+  } else if (weights_only) {
+    down_ring = fp8_own_ring && experts_down_deep_fp8_ring(sh.I, st.down_deep)
                     ? Ring::WeightsOnlyDeep
                     : Ring::WeightsOnly;
   } else if (down_tail > 0) {
@@ -268,7 +276,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   const bool chunk8_ring = chunk == 8 || down_ring == Ring::WeightsOnly;
   const Ring launched_ring = chunk8_ring ? down_ring : Ring::Standard;
   const bool one_copy = launched_ring == Ring::OneToken || launched_ring == Ring::WeightsOnly ||
-                        launched_ring == Ring::WeightsOnlyDeep;
+                        launched_ring == Ring::WeightsOnlyDeep ||
+                        launched_ring == Ring::Fp8OneTokenDeep;
   const int pieces = one_copy ? 1 : experts_down_copy_pieces(tokens, sh.I, st.down_split);
   d.kernel = select_expert_kernel({.gemm = Gemm::Down,
                                    .chunk = chunk,

@@ -48,6 +48,10 @@ const char* ring_name(Ring r) {
       return "weights-only";
     case Ring::WeightsOnlyDeep:
       return "weights-only-deep";
+    case Ring::Fp8OneToken:
+      return "fp8-one-token";
+    case Ring::Fp8OneTokenDeep:
+      return "fp8-one-token-deep";
   }
   return "?";
 }

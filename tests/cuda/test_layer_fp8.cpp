@@ -61,8 +61,10 @@ struct Fp8Case {
 };
 
 // DeepSeek-V3 (sigmoid + bias, groups, one shared slot), Kimi-K2 (one group), MiniMax-M2 (no
-// shared expert) and DeepSeek-V4-Flash (ue8m0 scales), H and I multiples of 128.
-const Fp8Case kCases[] = {{"deepseek-v3", 512, 256, 16},
+// shared expert) and DeepSeek-V4-Flash (ue8m0 scales), H and I multiples of 128. At one token
+// DeepSeek-V3's H and I, multiples of 512, take the fp8 one-token rings; the others' the rings
+// of weights only (plan::experts_fp8_one_token_ring).
+const Fp8Case kCases[] = {{"deepseek-v3", 512, 512, 16},
                           {"kimi-k2", 384, 128, 16},
                           {"minimax-m2", 384, 256, 16},
                           {"deepseek-v4-flash", 256, 128, 16}};
@@ -75,6 +77,13 @@ TEST(GpuFp8, DecodeMatchesTheCpuReferenceW8A8) {
   for (const Fp8Case& c : kCases) {
     const MoeSpec spec = shrunk_spec(c.model, c.hidden, c.inter, c.experts);
     for (int tokens : {1, 5, 8, 40, 100}) expect_fp8_plan(spec, tokens, base, spec.name);
+  }
+  if (base.one_token_rings != 0) {
+    const plan::LayerPlan one = sm90_fp8_plan(shrunk_spec("deepseek-v3", 512, 512, 16), 1, base);
+    for (const plan::ExpertLaunch& l : one.experts) {
+      const std::string name = plan::expert_kernels()[l.kernel].name;
+      EXPECT_NE(name.find("one_token"), std::string::npos) << l.role << ": " << name;
+    }
   }
   SKIP_WITHOUT_GPU();
   for (const Fp8Case& c : kCases) {
@@ -118,7 +127,8 @@ TEST(GpuFp8, GraphReplayEqualsTheEagerForward) {
 // Small shapes for the sanitizers: one token and tasks of 16, DeepSeek-V3's family.
 TEST(GpuFp8Small, SanitizerShapes) {
   SKIP_WITHOUT_GPU();
-  const MoeSpec spec = shrunk_spec("deepseek-v3", 256, 128, 16);
+  // (one token: the fp8 one-token rings; 24 tokens: the rings of weights only)
+  const MoeSpec spec = shrunk_spec("deepseek-v3", 512, 512, 16);
   const auto w = fp8_layer(spec, 9, "small");
   cuda::GpuLayerOptions opt = base_options(24);
   opt.overrides.grouped_from_tokens = 0;

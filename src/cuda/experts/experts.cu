@@ -3,6 +3,8 @@
 // the launch. Which instance runs is the plan's choice (src/plan/plan.cpp), never made here.
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/pdl.cuh"
 #include "cuda/experts/experts.h"
@@ -83,6 +85,14 @@ void launch_expert_kernel(int kernel, const ExpertsParams& p, int grid, bool pdl
                                                         : " reads bf16 weights (w)")
                                       << ", got w " << p.w << ", w8 " << static_cast<const void*>(p.w8)
                                       << ", k " << p.k << ", inter " << p.inter);
+    MK_CHECK(
+        (k.ring != plan::Ring::Fp8OneToken && k.ring != plan::Ring::Fp8OneTokenDeep) ||
+            (p.k % 512 == 0 && reinterpret_cast<uintptr_t>(p.w_scale) % 16 == 0 &&
+             reinterpret_cast<uintptr_t>(p.x_scale) % 16 == 0 && p.scale_expert_stride % 4 == 0),
+        "launch_expert_kernel: " << k.name
+                                 << " bulk-copies runs of scales (k a multiple of 512, the "
+                                    "scale grids 16-byte aligned), got k "
+                                 << p.k << ", w_scale " << p.w_scale << ", x_scale " << p.x_scale);
   }
   MK_CHECK(grid >= 1, "launch_expert_kernel: expected grid >= 1, got " << grid);
   launch_pdl(pdl, in.fn, dim3(grid), dim3(in.threads), in.smem, stream, p);

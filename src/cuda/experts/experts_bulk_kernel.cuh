@@ -89,10 +89,16 @@ namespace moekit::cuda::experts_detail {
 // the lists that implies, and CTA 0's epilogue warp writes the routing and the dispatch for the
 // down kernel. Its dynamic tail claims from a counter of its own, which its last CTA to finish
 // claiming zeroes (the dispatch, which zeroes the others, is written while it runs).
-// kFp8 (the ring of weights only): e4m3 weights with 128 x 128 tile scales, W8A8 (experts_fp8.cuh):
-// k blocks of 128 elements in the bytes of the bf16 blocks of 64, so the ring and its copies are
-// the same; the consumers load the activations' codes (quantize_rows_fp8.h) and scale each
-// block's products.
+// kFp8 (the rings of weights only and the fp8 one-token rings): e4m3 weights with 128 x 128
+// tile scales, W8A8 (experts_fp8.cuh): k blocks of 128 elements in the bytes of the bf16 blocks
+// of 64, so the ring and its copies are the same; the consumers scale each block's products by
+// its activation and weight scales. In the rings of weights only they load the activations'
+// codes (quantize_rows_fp8.h) and all the scales themselves; in the one-token rings the
+// producers copy the token's code row and the chunk's scales into the stage, so a consumer
+// waits on the stage alone (the gate/up producers copy the fused shared experts' x8 rows before
+// their PDL wait: x8 is complete when this kernel starts, since the routing kernel or the
+// engine's dispatch runs between the quantiser and it and lets it launch only after its own
+// wait).
 template <int kMode, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
           bool kKeep = false,
           bool kTail = false, bool kHalves = false, bool kSelfRoute = false, bool kFp8 = false>
@@ -103,14 +109,19 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   static_assert(!kHalves || (kMode == kBulkGateUp && !kKeep), "kHalves: the gate/up kernel's");
   static_assert(!kSelfRoute || (kMode == kBulkGateUp && kNT == 1 && !kKeep && !kHalves),
                 "kSelfRoute: the plain chunk-8 gate/up kernel's");
-  static_assert(!kFp8 || ((kRing == plan::Ring::WeightsOnly ||
-                           (kRing == plan::Ring::WeightsOnlyDeep && kMode == kBulkDown &&
-                            kNT == 1 && !kTail)) &&
-                          !kKeep),
-                "kFp8: the rings of weights only (the deep one: down, one n-tile, no tail), "
-                "without the L2 keep");
-  static_assert(kRing != plan::Ring::WeightsOnlyDeep || kFp8,
-                "the deep ring of weights only: the fp8 down kernel's");
+  constexpr bool kFp8OneToken =
+      kRing == plan::Ring::Fp8OneToken || kRing == plan::Ring::Fp8OneTokenDeep;
+  static_assert(
+      !kFp8 || ((kRing == plan::Ring::WeightsOnly ||
+                 ((kRing == plan::Ring::WeightsOnlyDeep || kRing == plan::Ring::Fp8OneTokenDeep) &&
+                  kMode == kBulkDown && kNT == 1 && !kTail) ||
+                 (kRing == plan::Ring::Fp8OneToken && kMode == kBulkGateUp && kNT == 1 &&
+                  !kHalves && !kSelfRoute)) &&
+                !kKeep),
+      "kFp8: the rings of weights only (the deep one: down, one n-tile, no tail) and "
+      "the fp8 one-token rings, without the L2 keep");
+  static_assert((kRing != plan::Ring::WeightsOnlyDeep && !kFp8OneToken) || kFp8,
+                "the deep ring of weights only and the one-token rings with scales: fp8's");
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   // whether an item (its record's `down` flag) is a down item: fixed by the mode

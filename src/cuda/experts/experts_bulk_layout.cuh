@@ -6,7 +6,9 @@
 // 128 + 64 bytes, so the rows read by one quarter-warp's 16-byte loads fall in different banks
 // (the one-token rings, Ring::OneTokenNarrow and Ring::OneToken: one activation row, and no pad;
 // the ring of weights only, Ring::WeightsOnly: no activation rows, the consumers load theirs from
-// L2).
+// L2). The fp8 one-token rings (Ring::Fp8OneToken, Ring::Fp8OneTokenDeep) end each stage with
+// its chunk's scales: kChunkBlocks floats each of the activation's, the weight tile's first 8
+// rows' and its last 8 rows' (gate/up: gate and up; down: the first only, one 128-row tile).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,13 +46,16 @@ struct BulkItem {
 constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
 
 template <int kNT, int kStages, int kChunkBlocks, int kActRowsPerStage = kNT * 8, int kRowPad = 64,
-          int kRedBufs = kDefaultRedBuffers>
+          int kRedBufs = kDefaultRedBuffers, bool kStageScales = false>
 struct BulkLayout {
   static constexpr int kActRows = kActRowsPerStage;
   static constexpr int kRedBuffers = kRedBufs;
   // bytes per row in a stage (kRowPad 0: a tile's rows land as one contiguous copy)
   static constexpr int kPitch = kChunkBlocks * kBlockK * 2 + kRowPad;
-  static constexpr int kStageBytes = (kBulkWeightRows + kActRows) * kPitch;
+  // kStageScales: the chunk's activation, low and high weight scales after the rows
+  static constexpr int kScaleOffset = (kBulkWeightRows + kActRows) * kPitch;
+  static constexpr int kScaleBytes = kStageScales ? 3 * kChunkBlocks * 4 : 0;
+  static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
   static constexpr int kRedFloats = kBulkConsumerWarps * kNT * 4 * 32;  // one buffer
   static constexpr int kRedOffset = kStages * kStageBytes;
   static constexpr int kMetaOffset = kRedOffset + kRedBuffers * kRedFloats * 4;
@@ -62,7 +67,8 @@ struct BulkLayout {
   static constexpr int kClaimEnd = kClaimOffset + 2 * kClaimSlots * 8 + kClaimSlots * 4;
   static constexpr int kTailBarOffset = (kClaimEnd + 7) / 8 * 8;
   static constexpr int kBytes = kTailBarOffset + 8;
-  static_assert(kPitch % 16 == 0 && kStageBytes % 16 == 0, "bulk copies need 16-byte alignment");
+  static_assert(kPitch % 16 == 0 && kStageBytes % 16 == 0 && kChunkBlocks % 4 == 0,
+                "bulk copies need 16-byte alignment");
   static_assert(kBarOffset % 8 == 0, "mbarriers need 8-byte alignment");
   // why: sm_90's largest dynamic shared memory per block (227 KB), one CTA per SM
   static_assert(kBytes <= 227 * 1024, "the ring does not fit in shared memory");
@@ -131,6 +137,23 @@ struct BulkShape<1, plan::Ring::WeightsOnlyDeep> {
   static constexpr int kRedBuffers = kDefaultRedBuffers;
 };
 template <>
+struct BulkShape<1, plan::Ring::Fp8OneToken> {
+  // 3 x 68.4 KB (16 x 4 KB e4m3 weights, ONE activation row, the chunk's scales; rows
+  // unpadded, as the bf16 one-token ring's): the fp8 gate/up kernel's at one token, whose
+  // consumers then wait on nothing but the stage (docs/decisions/fp8_experts.md)
+  static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 1, kRowPad = 0;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+  static constexpr bool kStageScales = true;
+};
+template <>
+struct BulkShape<1, plan::Ring::Fp8OneTokenDeep> {
+  // 6 x 34.2 KB (16 x 2 KB, one activation row, the scales; unpadded: a tile's 16 rows of
+  // exactly 2 KB are one copy): the fp8 down kernel's at one token for rows of <= 2 KB
+  static constexpr int kStages = 6, kChunkBlocks = 16, kActRows = 1, kRowPad = 0;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+  static constexpr bool kStageScales = true;
+};
+template <>
 struct BulkShape<2, plan::Ring::Standard> {
   static constexpr int kStages = 5, kChunkBlocks = 8, kActRows = 16, kRowPad = 64;  // 5 x 34 KB
   static constexpr int kRedBuffers = kDefaultRedBuffers;
@@ -146,11 +169,21 @@ struct BulkShape<2, plan::Ring::WeightsOnly> {
   static constexpr int kRedBuffers = 3;
 };
 
+// Whether a ring's stages end with the chunk's scales (BulkShape::kStageScales, where declared).
+template <typename S>
+constexpr bool stage_scales() {
+  if constexpr (requires { S::kStageScales; }) {
+    return S::kStageScales;
+  } else {
+    return false;
+  }
+}
+
 template <int kNT, plan::Ring kRing = plan::Ring::Standard>
 struct BulkShapeLayout {
   using S = BulkShape<kNT, kRing>;
-  using type =
-      BulkLayout<kNT, S::kStages, S::kChunkBlocks, S::kActRows, S::kRowPad, S::kRedBuffers>;
+  using type = BulkLayout<kNT, S::kStages, S::kChunkBlocks, S::kActRows, S::kRowPad, S::kRedBuffers,
+                          stage_scales<S>()>;
 };
 
 template <int kNT, plan::Ring kRing = plan::Ring::Standard>

@@ -30,6 +30,10 @@ constexpr int bulk_ring(plan::Ring r) {
       return 4;
     case plan::Ring::WeightsOnlyDeep:
       return 5;
+    case plan::Ring::Fp8OneToken:
+      return 6;
+    case plan::Ring::Fp8OneTokenDeep:
+      return 7;
   }
   return -1;
 }
