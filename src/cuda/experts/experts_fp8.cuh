@@ -16,9 +16,19 @@
 
 #include <cstdint>
 
+#include "cuda/experts/experts.h"
+
 namespace moekit::cuda::experts_detail {
 
 constexpr int kFp8BlockK = 128;  // elements (= bytes) of an fp8 k block: one tile-scale column
+
+// The tile-scale row (nkb floats, one per k block) of weight row r of `expert` in p.w_scale:
+// one row per 128 weight rows.
+__device__ __forceinline__ const float* tile_scale_row_fp8(const ExpertsParams& p, int expert,
+                                                           int r, int nkb) {
+  return p.w_scale + static_cast<long long>(expert) * p.scale_expert_stride +
+         static_cast<size_t>(r / kFp8BlockK) * nkb;
+}
 
 __device__ __forceinline__ void mma_e4m3(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
