@@ -97,12 +97,15 @@ struct InstanceCase {
   plan::PlanOverrides overrides;
   std::string settings;  // "defaults" or the forced settings, ", "-joined
   DType experts = DType::BF16;  // the layer's experts: BF16, or F8_E4M3 for the fp8 instances
+  ExpertFormat mx = ExpertFormat::Bf16;  // Mxfp4 / Mxfp8 for the MX instances
 
   std::string text() const {
     std::ostringstream os;
     os << shape.model << " H=" << shape.hidden << " E=" << shape.experts << " I=" << shape.inter
        << " T=" << tokens << " fuse=" << fuse_shared_name(fuse)
-       << (experts == DType::F8_E4M3 ? " fp8" : "") << " (" << settings << ")";
+       << (experts == DType::F8_E4M3 ? " fp8" : "")
+       << (mx != ExpertFormat::Bf16 ? std::string(" ") + expert_format_name(mx) : "") << " ("
+       << settings << ")";
     return os.str();
   }
 };
@@ -152,18 +155,27 @@ inline const std::vector<std::optional<InstanceCase>>& find_instance_cases() {
         const bool fp8_shape = sp.hidden % 128 == 0 && sp.expert_intermediate % 128 == 0 &&
                                sp.activation != Activation::SwigluOaiInterleaved &&
                                (!o.stream || *o.stream == plan::Stream::Bulk);
-        for (const DType dt : {DType::BF16, DType::F8_E4M3}) {
-          if (dt == DType::F8_E4M3 && !fp8_shape) continue;
+        // MX (the MX instances): gpt-oss in MXFP4 (its published form), the others in MXFP8;
+        // the bulk kernels, the shared expert fused
+        const bool mx_shape = !o.stream || *o.stream == plan::Stream::Bulk;
+        const ExpertFormat mx_format = sp.activation == Activation::SwigluOaiInterleaved
+                                           ? ExpertFormat::Mxfp4
+                                           : ExpertFormat::Mxfp8;
+        for (int form = 0; form < 3; ++form) {
+          const DType dt = form == 1 ? DType::F8_E4M3 : DType::BF16;
+          const ExpertFormat mf = form == 2 ? mx_format : ExpertFormat::Bf16;
+          if (form == 1 && !fp8_shape) continue;
+          if (form == 2 && !mx_shape) continue;
           plan::PlanOverrides od = o;
           if (dt == DType::F8_E4M3) od.grouped_from_tokens = 0;
           for (int t : kSearchTokens) {
             for (FuseShared fuse : {FuseShared::Auto, FuseShared::Off}) {
               if (fuse == FuseShared::Off && sp.shared_intermediate == 0) continue;
-              if (fuse == FuseShared::Off && dt == DType::F8_E4M3) continue;
-              const plan::LayerPlan p = plan::plan_layer(sp, t, fuse, od, device, dt);
+              if (fuse == FuseShared::Off && form != 0) continue;
+              const plan::LayerPlan p = plan::plan_layer(sp, t, fuse, od, device, dt, mf);
               for (const plan::ExpertLaunch& l : p.experts) {
                 if (out[l.kernel]) continue;
-                out[l.kernel] = InstanceCase{kSearchShapes[si], t, fuse, od, text, dt};
+                out[l.kernel] = InstanceCase{kSearchShapes[si], t, fuse, od, text, dt, mf};
                 --missing;
               }
             }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moekit/plan.h"
@@ -105,20 +106,36 @@ TEST(CliPlan, JsonNamesTheSameKernelsPerBatch) {
   EXPECT_EQ(j[0]["routing_kernel"], false) << "one token: the gate/up kernel routes it itself";
 }
 
-TEST(CliListKernels, ListsThe43InstancesOfTheTable) {
+TEST(CliListKernels, ListsThe47InstancesOfTheTable) {
   SKIP_WITHOUT_CLI();
   const CliOutput r = run_moekit("list-kernels");
   ASSERT_EQ(r.status, 0) << r.out;
   const std::vector<std::string> lines = lines_of(r.out);
   const auto kernels = plan::expert_kernels();
-  ASSERT_EQ(lines.size(), 43u) << r.out;
-  ASSERT_EQ(kernels.size(), 43u);
+  ASSERT_EQ(lines.size(), 47u) << r.out;
+  ASSERT_EQ(kernels.size(), 47u);
   for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i], plan::describe(kernels[i]));
   const CliOutput js = run_moekit("list-kernels --json");
   ASSERT_EQ(js.status, 0) << js.out;
   const nlohmann::json j = nlohmann::json::parse(js.out);
-  ASSERT_EQ(j.size(), 43u);
+  ASSERT_EQ(j.size(), 47u);
   for (size_t i = 0; i < j.size(); ++i) EXPECT_EQ(j[i]["name"], kernels[i].name);
+}
+
+// --dtype mxfp4 / mxfp8: the MX plans, the MX instances (MiniMax-M3's shared expert fused).
+TEST(CliPlan, MxPlansRunTheMxInstances) {
+  SKIP_WITHOUT_CLI();
+  for (const auto& [model, dtype, fmt] : {std::tuple{"gpt-oss-120b", "mxfp4", ExpertFormat::Mxfp4},
+                                          std::tuple{"minimax-m3", "mxfp8", ExpertFormat::Mxfp8}}) {
+    const CliOutput r =
+        run_moekit(std::string("plan --model ") + model + " --batch 32 --dtype " + dtype);
+    ASSERT_EQ(r.status, 0) << r.out;
+    const plan::LayerPlan p = plan::plan_layer(load_spec(model), 32, FuseShared::Auto, {},
+                                               plan::device_profile("sm90"), DType::BF16, fmt);
+    EXPECT_EQ(r.out, plan::describe(p));
+    EXPECT_NE(r.out.find(std::string("bulk_gate_up_") + dtype), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string("bulk_down_") + dtype), std::string::npos) << r.out;
+  }
 }
 
 // --dtype fp8: DeepSeek-V3's fp8 plan, the fp8 instances, the shared expert fused.
@@ -135,7 +152,8 @@ TEST(CliPlan, Fp8PlanRunsTheFp8Instances) {
   EXPECT_NE(r.out.find("bulk_down_weights_only_tail_fp8"), std::string::npos) << r.out;
   const CliOutput bad = run_moekit("plan --model deepseek-v3 --dtype fp4");
   EXPECT_NE(bad.status, 0);
-  EXPECT_NE(bad.out.find("--dtype 'fp4' is not one of bf16, fp8, config"), std::string::npos)
+  EXPECT_NE(bad.out.find("plan: --dtype 'fp4' is not one of bf16, fp8, mxfp4, mxfp8, config"),
+            std::string::npos)
       << bad.out;
 }
 

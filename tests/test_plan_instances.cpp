@@ -27,8 +27,9 @@ TEST_P(PlanInstance, SomeSmallConfigurationLaunchesIt) {
   // the configuration reproduces: its plan launches the instance
   const MoeSpec spec = test::small_spec(found->shape.model, found->shape.hidden,
                                         found->shape.experts, found->shape.inter);
-  const plan::LayerPlan p = plan::plan_layer(spec, found->tokens, found->fuse, found->overrides,
-                                             plan::device_profile("sm90"), found->experts);
+  const plan::LayerPlan p =
+      plan::plan_layer(spec, found->tokens, found->fuse, found->overrides,
+                       plan::device_profile("sm90"), found->experts, found->mx);
   EXPECT_TRUE(test::plan_launches(p, index)) << plan::describe(p);
   std::printf("%s: %s\n", k.name, found->text().c_str());
 }

@@ -44,6 +44,11 @@ struct GpuLayerOptions {
   // fused). create() takes it from the LayerWeights (this must be BF16 or agree);
   // create_random() generates e4m3 codes and tile scales on the GPU.
   DType expert_dtype = DType::BF16;
+  // Mxfp4 / Mxfp8: the layer holds OCP MX experts (packed, an e8m0 byte per 32 inputs), computed
+  // W4A16 / W8A16 by the MX instances at every batch (the shared expert fused; expert_dtype
+  // BF16). create() takes it from the LayerWeights (this must be Bf16 or agree); create_random()
+  // generates packed codes and exponents on the GPU. Bf16: not MX.
+  ExpertFormat mx_format = ExpertFormat::Bf16;
 };
 
 // Launch counts of one forward, as a CUDA graph of it holds them (kernels + memsets).
@@ -142,13 +147,15 @@ struct GpuBenchOptions {
   bool trace = false;                // print each batch's kernel timeline (stderr)
   plan::PlanOverrides overrides;     // the layers' plan knobs
   DType expert_dtype = DType::BF16;  // BF16 or F8_E4M3 (fp8 block-scale: the shared expert fused)
+  ExpertFormat mx_format = ExpertFormat::Bf16;  // Mxfp4 / Mxfp8: MX experts (expert_dtype BF16)
 };
 
 struct GpuBenchRecord {
   std::string model;
   std::string device;              // GPU name
   int batch = 0;
-  std::string dtype;               // the experts': "bf16" | "fp8" (bytes and ceiling follow it)
+  std::string dtype;               // the experts': "bf16" | "fp8" | "mxfp8" | "mxfp4" (bytes and
+                                   // ceiling follow it)
   std::string fuse_shared;         // "on" | "off" (what was timed)
   bool auto_choice = false;        // whether fuse=auto picks this mode at this batch
   double us_per_layer = 0;         // median, CUDA-graph replay, weights not L2-resident

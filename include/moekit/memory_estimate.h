@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <string>
 
+#include "moekit/expert_format.h"
 #include "moekit/spec.h"
 
 namespace moekit {
@@ -49,7 +50,9 @@ void check_forward_memory(const LayerWeights& w, int tokens, bool fused);
 // cuBLAS workspace of the shared dense path. Host-only, so it can be checked against
 // cudaMemGetInfo before the first cudaMalloc.
 // `experts`: the dtype the layer holds its experts in (BF16, or F8_E4M3: bytes and tile scales,
-// the shared expert as fused slots only).
-size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts = DType::BF16);
+// the shared expert as fused slots only); `mx` Mxfp4 / Mxfp8 for MX experts (packed bytes and
+// e8m0 bytes, the shared expert fused), else Bf16.
+size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts = DType::BF16,
+                              ExpertFormat mx = ExpertFormat::Bf16);
 
 }  // namespace moekit

@@ -56,10 +56,12 @@ enum class Ring : uint8_t {
   Fp8OneToken,      // fp8 gate/up, one token: 3 stages of 16 x 4 KB + the e4m3 activation row
                     // + the chunk's activation and weight scales, unpadded
   Fp8OneTokenDeep,  // fp8 down, one token, rows <= 2 KB: 6 stages of 16 x 2 KB + the same
+  MxWeightsOnly,    // MXFP8 / MXFP4 (gate/up and down): 6 stages of 16 x 2 KB packed weights
+                    // + the chunk's e8m0 scale bytes; activations from L2
 };
 const char* ring_name(
     Ring r);  // "standard", "deep", "one-token-narrow", "one-token", "weights-only",
-              // "weights-only-deep", "fp8-one-token", "fp8-one-token-deep"
+              // "weights-only-deep", "fp8-one-token", "fp8-one-token-deep", "mx-weights-only"
 
 // One compiled kernel instance. The fields a family does not use keep their defaults.
 struct ExpertKernel {
@@ -78,6 +80,10 @@ struct ExpertKernel {
   // tile) computed W8A8: the consumers quantise their activations per token per 128 channels
   // and run e4m3 mma, each 128-wide k block scaled by its weight and activation scales
   bool fp8 = false;
+  // bulk, Ring::MxWeightsOnly: OCP MX weights (Mxfp8: e4m3, Mxfp4: e2m1 pairs; an e8m0 exponent
+  // per 32 input elements of a row) computed W8A16 / W4A16: the consumers dequantise each weight
+  // to its exact bf16 in registers and run the bf16 mma on bf16 activations. Bf16: not MX.
+  ExpertFormat mx = ExpertFormat::Bf16;
   // registers
   int unroll = 0;       // k blocks of 64 in flight per warp
   int warps = 11;       // threads / 32 (bulk: 8 consumers, 2 producers, 1 epilogue)
@@ -161,16 +167,19 @@ struct LayerPlan {
   std::vector<ExpertLaunch> experts;  // in launch order (empty on the prefill path)
   int grouped_tile_m = 0;  // the prefill path's GEMM tile rows (128 or 64); 0 off that path
   bool fp8 = false;        // fp8 block-scale experts, computed W8A8 (the fp8 instances)
+  ExpertFormat mx = ExpertFormat::Bf16;  // Mxfp8 / Mxfp4: MX experts (the MX instances)
   bool pdl = true;
 };
 
 // The plan of a forward of `tokens` (>= 1) tokens with fusion `fuse` (On throws when the spec
 // cannot fuse). Validates nothing about the spec beyond what a choice needs (the layer does).
 // `experts`: the dtype the layer holds its experts in, BF16 or F8_E4M3 (fp8 block-scale: the
-// fp8 instances, the shared expert fused; throws where that cannot be).
+// fp8 instances, the shared expert fused; throws where that cannot be). `mx`: Mxfp8 / Mxfp4
+// when the layer holds MX experts (with experts BF16): the MX instances at every batch, tasks of
+// 8 tokens, the shared expert fused; Bf16 otherwise.
 LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
                      const PlanOverrides& overrides, const DeviceInfo& device,
-                     DType experts = DType::BF16);
+                     DType experts = DType::BF16, ExpertFormat mx = ExpertFormat::Bf16);
 
 // Kernel launches of the plan that moekit makes itself (router, routing, experts, fp8's two
 // activation quantisers on the bulk kernels); the dense

@@ -128,7 +128,7 @@ void check_forward_memory(const LayerWeights& w, int tokens, bool fused) {
   check_host_memory(need, spec.name + " (a forward of " + std::to_string(tokens) + " tokens)");
 }
 
-size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts) {
+size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts, ExpertFormat mx) {
   MK_CHECK(max_tokens >= 0, "expected max_tokens >= 0, got " << max_tokens);
   // Mirrors GpuMoeLayer's allocate_weights / allocate_workspace (src/cuda/layer/layer_weights.cu,
   // layer_workspace.cu).
@@ -139,9 +139,12 @@ size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts
   size_t w = mul(mul(C, H), dtype_size(spec.router_dtype));
   w = add(w, mul(E, 4 * ((spec.has_router_bias ? 1 : 0) + (spec.has_correction_bias ? 1 : 0))));
   const bool fp8 = experts == DType::F8_E4M3;
-  w = add(w, mul(rows, fp8 ? spec.fp8_expert_bytes() : spec.expert_bytes()));
+  const bool is_mx = mx == ExpertFormat::Mxfp4 || mx == ExpertFormat::Mxfp8;
+  // (MX: the packed rows and an e8m0 byte per 32 elements, its scale layout's padding aside)
+  const size_t mx_expert = add(mul(3 * I, mx_row_bytes(mx, H)), mul(3 * I, H / kMxGroup));
+  w = add(w, mul(rows, fp8 ? spec.fp8_expert_bytes() : is_mx ? mx_expert : spec.expert_bytes()));
   if (spec.has_expert_bias) w = add(w, mul(rows, (2 * I + H) * 4));
-  if (!fp8) w = add(w, mul(mul(3 * Is, H), 2));  // (fp8: no unfused shared MLP)
+  if (!fp8 && !is_mx) w = add(w, mul(mul(3 * Is, H), 2));  // (fp8, MX: no unfused shared MLP)
   const size_t pairs = mul(T, static_cast<size_t>(spec.top_k) + S);
   const size_t tasks = std::min(pairs, rows) + pairs / 8 + 1;  // max_routed_tasks(pairs, rows, 8)
   size_t ws = mul(mul(T, C), 4);

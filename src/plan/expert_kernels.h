@@ -28,6 +28,7 @@ constexpr ExpertKernel with_down_tail(ExpertKernel k) { return k.down_tail = tru
 constexpr ExpertKernel with_half_items(ExpertKernel k) { return k.half_items = true, k; }
 constexpr ExpertKernel with_self_route(ExpertKernel k) { return k.self_route = true, k; }
 constexpr ExpertKernel with_fp8(ExpertKernel k) { return k.fp8 = true, k; }
+constexpr ExpertKernel with_mx(ExpertKernel k, ExpertFormat f) { return k.mx = f, k; }
 
 // Register instances: 8 warps (4 for short down rows), registers capped at 128 by
 // __launch_bounds__(threads, 16 / warps): 2 (or 4) CTAs per SM.
@@ -88,6 +89,11 @@ inline constexpr ExpertKernel kExpertKernels[] = {
     // bulk, fp8, one token: the activation row and every scale in the stage
     with_fp8(bulk("bulk_gate_up_one_token_fp8", kGU, 1, Ring::Fp8OneToken)),
     with_fp8(bulk("bulk_down_one_token_deep_fp8", kDn, 1, Ring::Fp8OneTokenDeep)),
+    // bulk, OCP MX weights (W8A16 / W4A16), the ring of MX weights and their scales
+    with_mx(bulk("bulk_gate_up_mxfp8", kGU, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp8),
+    with_mx(bulk("bulk_down_mxfp8", kDn, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp8),
+    with_mx(bulk("bulk_gate_up_mxfp4", kGU, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp4),
+    with_mx(bulk("bulk_down_mxfp4", kDn, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp4),
     // registers
     regs("regs_gate_up", kGU, Stream::Registers, 1, 5),
     regs("regs_down", kDn, Stream::Registers, 1, 4),
@@ -107,7 +113,8 @@ constexpr bool same_fields(const ExpertKernel& a, const ExpertKernel& b) {
   return a.gemm == b.gemm && a.stream == b.stream && a.n_tiles == b.n_tiles && a.ring == b.ring &&
          a.split_rows == b.split_rows && a.l2_keep == b.l2_keep && a.down_tail == b.down_tail &&
          a.half_items == b.half_items && a.self_route == b.self_route && a.fp8 == b.fp8 &&
-         a.unroll == b.unroll && a.warps == b.warps && a.ctas_per_sm == b.ctas_per_sm;
+         a.mx == b.mx && a.unroll == b.unroll && a.warps == b.warps &&
+         a.ctas_per_sm == b.ctas_per_sm;
 }
 
 // What the bulk kernel's templates can build (experts_bulk_kernel.cuh's static_asserts, and
@@ -116,10 +123,17 @@ constexpr bool legal(const ExpertKernel& k) {
   if (k.n_tiles != 1 && k.n_tiles != 2) return false;
   if (k.stream != Stream::Bulk) {
     return k.ring == Ring::Standard && !k.split_rows && !k.l2_keep && !k.down_tail &&
-           !k.half_items && !k.self_route && !k.fp8 && k.unroll >= 1 &&
-           (k.warps == 8 || k.warps == 4);
+           !k.half_items && !k.self_route && !k.fp8 && k.mx == ExpertFormat::Bf16 &&
+           k.unroll >= 1 && (k.warps == 8 || k.warps == 4);
   }
   const bool gu = k.gemm == Gemm::GateUp;
+  // MX: its own ring, one n-tile, none of the other options; the ring is MX's alone
+  const bool mx = k.mx != ExpertFormat::Bf16;
+  if (mx || k.ring == Ring::MxWeightsOnly) {
+    return mx && k.ring == Ring::MxWeightsOnly && k.n_tiles == 1 && !k.fp8 && !k.split_rows &&
+           !k.l2_keep && !k.down_tail && !k.half_items && !k.self_route &&
+           (k.mx == ExpertFormat::Mxfp8 || k.mx == ExpertFormat::Mxfp4);
+  }
   // fp8: the rings of weights only (the deep one: down, one n-tile, no tail) and the fp8
   // one-token rings (gate/up; down, rows <= 2 KB), without the L2 keep; those three rings are
   // fp8's alone
@@ -150,6 +164,8 @@ constexpr bool legal(const ExpertKernel& k) {
     case Ring::Fp8OneToken:
     case Ring::Fp8OneTokenDeep:
       return !k.split_rows && !k.half_items && !k.self_route;
+    case Ring::MxWeightsOnly:
+      return false;  // (MX's, above)
   }
   return false;
 }

@@ -150,6 +150,9 @@ int select_expert_kernel(const KernelChoice& c) {
     k.unroll = late ? (chunk8 ? (gate_up ? 5 : 4) : 3) : (chunk8 ? 3 : 2);
     k.warps = late && chunk8 && !gate_up && c.k / kBlockK <= 16 ? 4 : 8;
     k.ctas_per_sm = 16 / k.warps;
+  } else if (c.mx != ExpertFormat::Bf16) {
+    k.ring = Ring::MxWeightsOnly;
+    k.mx = c.mx;
   } else if (c.fp8) {
     const bool own_ring =
         c.chunk == 8 && (gate_up ? c.ring == Ring::Fp8OneToken

@@ -119,6 +119,7 @@ struct KernelChoice {
   bool split_rows = false, l2_keep = false, down_tail = false, half_items = false;
   bool self_route = false;
   bool fp8 = false;  // fp8 block-scale weights: the fp8 instances (ring of weights only, no keep)
+  ExpertFormat mx = ExpertFormat::Bf16;  // MX weights: the MX instances (their ring, chunk 8)
 };
 int select_expert_kernel(const KernelChoice& c);
 

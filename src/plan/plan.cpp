@@ -53,8 +53,15 @@ struct Shapes {
         can_fuse(s.can_fuse_shared()) {}
 };
 
-Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, int tokens,
-                 bool fp8) {
+Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, int tokens, bool fp8,
+                 bool mx) {
+  if (mx) {
+    // MX: the bulk MX instances at every batch (no register instances, no MX prefill path)
+    MK_CHECK(!o.stream || *o.stream == Stream::Bulk, "MX experts run on the bulk kernels, not the "
+                                                         << stream_name(*o.stream)
+                                                         << " kernels (MOEKIT_EXPERTS_KERNEL)");
+    return Stream::Bulk;
+  }
   if (o.stream) {
     MK_CHECK(!fp8 || *o.stream == Stream::Bulk || *o.stream == Stream::Grouped,
              "fp8 experts run on the bulk kernels or the prefill path, not the "
@@ -83,20 +90,20 @@ bool dense_shared_at(const Shapes& sh, const Settings& st, int tokens) {
 
 // Fused or not, and why (a static string).
 bool resolve_fused(const MoeSpec& spec, const Shapes& sh, const Settings& st, Stream stream,
-                   FuseShared fuse, int tokens, bool fp8, const char** why) {
+                   FuseShared fuse, int tokens, const char* quantised, const char** why) {
   if (!sh.has_shared) {
     *why = "no shared expert";
     return false;
   }
-  if (fp8) {
-    // the fp8 shared expert runs as fp8 slots of the routed experts' kernels: there is no fp8
-    // dense shared MLP
+  if (quantised != nullptr) {
+    // the quantised shared expert runs as slots of the routed experts' quantised kernels: there
+    // is no quantised dense shared MLP
     MK_CHECK(fuse != FuseShared::Off && sh.can_fuse,
-             "fp8 experts of " << spec.name << " on the GPU run the shared expert fused"
-                               << (sh.can_fuse ? " (fusion off was asked for)"
-                                               : ", and its width is not a whole multiple of "
-                                                 "the expert width"));
-    *why = fuse == FuseShared::On ? "on" : "auto: fp8 runs the shared expert as fused slots";
+             quantised << " experts of " << spec.name << " on the GPU run the shared expert fused"
+                       << (sh.can_fuse ? " (fusion off was asked for)"
+                                       : ", and its width is not a whole multiple of "
+                                         "the expert width"));
+    *why = fuse == FuseShared::On ? "on" : "auto: quantised experts run the shared expert fused";
     return true;
   }
   switch (fuse) {
@@ -141,12 +148,18 @@ bool resolve_fused(const MoeSpec& spec, const Shapes& sh, const Settings& st, St
 }  // namespace
 
 LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
-                     const PlanOverrides& overrides, const DeviceInfo& device, DType experts) {
+                     const PlanOverrides& overrides, const DeviceInfo& device, DType experts,
+                     ExpertFormat mx_format) {
   MK_CHECK(tokens >= 1, "plan_layer: expected tokens >= 1, got " << tokens);
   MK_CHECK(device.sms >= 1, "plan_layer: expected a device with >= 1 SM, got " << device.sms);
   MK_CHECK(experts == DType::BF16 || experts == DType::F8_E4M3,
            "plan_layer: experts held in " << dtype_name(experts)
                                           << " (the GPU layer runs BF16 or F8_E4M3 experts)");
+  const bool mx = mx_format != ExpertFormat::Bf16;
+  MK_CHECK(!mx || ((mx_format == ExpertFormat::Mxfp8 || mx_format == ExpertFormat::Mxfp4) &&
+                   experts == DType::BF16),
+           "plan_layer: MX experts are Mxfp8 or Mxfp4 with experts BF16, got "
+               << expert_format_name(mx_format) << " with " << dtype_name(experts));
   const bool fp8 = experts == DType::F8_E4M3;
   const Shapes sh(spec);
   const Settings st(overrides, sh.has_shared);
@@ -156,11 +169,17 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   p.device = device;
   p.pdl = overrides.pdl;
   p.fp8 = fp8;
-  p.stream = stream_at(sh, st, overrides, tokens, fp8);
+  p.mx = mx_format;
+  p.stream = stream_at(sh, st, overrides, tokens, fp8, mx);
   const bool bulk = p.stream == Stream::Bulk;
-  const bool task16 = task16_at(sh, st, p.stream, tokens, fp8);
-  p.chunk = task16 ? 16 : experts_chunk(tokens);
-  p.fused = resolve_fused(spec, sh, st, p.stream, fuse, tokens, fp8, &p.fuse_reason);
+  // (MX: tasks of 8 tokens at every batch, its instances' one n-tile)
+  const bool task16 = !mx && task16_at(sh, st, p.stream, tokens, fp8);
+  p.chunk = task16 ? 16 : mx ? 8 : experts_chunk(tokens);
+  p.fused = resolve_fused(spec, sh, st, p.stream, fuse, tokens,
+                          fp8  ? "fp8"
+                          : mx ? expert_format_name(mx_format)
+                               : nullptr,
+                          &p.fuse_reason);
   const int s_run = p.fused ? sh.S : 0;
   p.slots = sh.K + s_run;
 
@@ -176,18 +195,19 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   }
   const int chunk = p.chunk;
   // (fp8: the ring of weights only at every batch, without the L2 keep: its only instances)
-  const bool l2_keep = !fp8 && experts_l2_keep(tokens, sh.H, chunk, st.l2_keep_from);
-  const int down_tail = bulk ? experts_down_tail(tokens, sh.H, chunk, st.down_tail) : 0;
+  // (MX: its ring at every batch, without the keep or the down tail: its only instances)
+  const bool l2_keep = !fp8 && !mx && experts_l2_keep(tokens, sh.H, chunk, st.l2_keep_from);
+  const int down_tail = bulk && !mx ? experts_down_tail(tokens, sh.H, chunk, st.down_tail) : 0;
   // the ring of weights only in place of the half items, the split copies and the deep rings
   const bool weights_only =
-      fp8 || task16 ||
+      fp8 || mx || task16 ||
       (bulk && experts_l2_acts_ring(tokens, chunk, sh.I, sh.K, sh.E, st.weights_only));
   const int half_items =
       bulk && !l2_keep && !weights_only
           ? experts_gate_up_half_items(tokens, sh.H, chunk, st.half_items, st.one_token_rings)
           : 0;
-  const bool self_route = bulk && !fp8 && chunk == 8 && tokens <= st.self_route && !sh.has_shared &&
-                          sh.E <= 128 && !l2_keep && half_items == 0;
+  const bool self_route = bulk && !fp8 && !mx && chunk == 8 && tokens <= st.self_route &&
+                          !sh.has_shared && sh.E <= 128 && !l2_keep && half_items == 0;
   const bool shared_unfused = sh.has_shared && !p.fused;
   p.dense_shared = shared_unfused && dense_shared_at(sh, st, tokens);
   p.routing_kernel = !self_route;
@@ -226,7 +246,9 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   ExpertLaunch g;
   g.role = "gate/up";
   Ring gate_up_ring = Ring::Standard;
-  if (weights_only) {
+  if (mx) {
+    gate_up_ring = Ring::MxWeightsOnly;
+  } else if (weights_only) {
     gate_up_ring =
         fp8 && chunk == 8 &&
                 experts_fp8_one_token_ring(Gemm::GateUp, tokens, sh.H, st.one_token_rings)
@@ -244,7 +266,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
                                    .l2_keep = l2_keep,
                                    .half_items = halves,
                                    .self_route = self_route,
-                                   .fp8 = fp8});
+                                   .fp8 = fp8,
+                                   .mx = mx_format});
   g.grid = resident(g.kernel);
   g.dynamic_tail_percent = bulk ? st.gate_up_tail : 0;
   g.half_items_per_cta = half_items;
@@ -258,8 +281,10 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   d.role = "down";
   Ring down_ring = Ring::Standard;
   const bool fp8_own_ring = fp8 && chunk == 8 && down_tail == 0;
-  if (weights_only && fp8_own_ring &&
-      experts_fp8_one_token_ring(Gemm::Down, tokens, sh.I, st.one_token_rings)) {
+  if (mx) {
+    down_ring = Ring::MxWeightsOnly;
+  } else if (weights_only && fp8_own_ring &&
+             experts_fp8_one_token_ring(Gemm::Down, tokens, sh.I, st.one_token_rings)) {
     down_ring = Ring::Fp8OneTokenDeep;
   } else if (weights_only) {
     down_ring = fp8_own_ring && experts_down_deep_fp8_ring(sh.I, st.down_deep)
@@ -277,7 +302,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   const Ring launched_ring = chunk8_ring ? down_ring : Ring::Standard;
   const bool one_copy = launched_ring == Ring::OneToken || launched_ring == Ring::WeightsOnly ||
                         launched_ring == Ring::WeightsOnlyDeep ||
-                        launched_ring == Ring::Fp8OneTokenDeep;
+                        launched_ring == Ring::Fp8OneTokenDeep ||
+                        launched_ring == Ring::MxWeightsOnly;
   const int pieces = one_copy ? 1 : experts_down_copy_pieces(tokens, sh.I, st.down_split);
   d.kernel = select_expert_kernel({.gemm = Gemm::Down,
                                    .chunk = chunk,
@@ -287,7 +313,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
                                    .split_rows = pieces == 2,
                                    .l2_keep = l2_keep,
                                    .down_tail = down_tail > 0 && chunk == 8,
-                                   .fp8 = fp8});
+                                   .fp8 = fp8,
+                                   .mx = mx_format});
   d.grid = bulk ? experts_down_grid(resident(d.kernel), sh.H, tokens, st.whole_tiles)
                 : resident(d.kernel);
   d.down_tail_percent = down_tail;

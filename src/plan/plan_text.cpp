@@ -52,6 +52,8 @@ const char* ring_name(Ring r) {
       return "fp8-one-token";
     case Ring::Fp8OneTokenDeep:
       return "fp8-one-token-deep";
+    case Ring::MxWeightsOnly:
+      return "mx-weights-only";
   }
   return "?";
 }
@@ -77,6 +79,7 @@ std::string describe(const ExpertKernel& k) {
     if (k.half_items) os << " half_items";
     if (k.self_route) os << " self_route";
     if (k.fp8) os << " fp8";
+    if (k.mx != ExpertFormat::Bf16) os << ' ' << expert_format_name(k.mx);
   } else {
     os << " unroll=" << k.unroll;
   }
@@ -175,6 +178,9 @@ std::string describe(const LayerPlan& p) {
   os << p.model << " T=" << p.tokens << ' ' << p.device.name << ": "
      << (p.fused ? "fused" : "unfused") << " (" << p.fuse_reason << "), slots " << p.slots
      << ", chunk " << p.chunk << ", " << stream_name(p.stream) << (p.fp8 ? ", fp8 w8a8" : "")
+     << (p.mx == ExpertFormat::Mxfp8   ? ", mxfp8 w8a16"
+         : p.mx == ExpertFormat::Mxfp4 ? ", mxfp4 w4a16"
+                                       : "")
      << (p.pdl ? "" : ", no PDL") << '\n';
   if (p.dense_shared) os << "  shared   dense cuBLAS GEMMs (gate/up, activation, down)\n";
   if (p.fp8 && p.stream == Stream::Bulk) {
@@ -227,7 +233,10 @@ std::string to_json(const LayerPlan& p) {
   j["slots"] = p.slots;
   j["chunk"] = p.chunk;
   j["stream"] = stream_name(p.stream);
-  j["experts_dtype"] = p.fp8 ? "F8_E4M3" : "BF16";
+  j["experts_dtype"] = p.fp8                         ? "F8_E4M3"
+                       : p.mx == ExpertFormat::Mxfp8 ? "MXFP8"
+                       : p.mx == ExpertFormat::Mxfp4 ? "MXFP4"
+                                                     : "BF16";
   j["pdl"] = p.pdl;
   j["router"] = {{"config", tuning::describe(p.router.config)},
                  {"source", tuning::source_name(p.router.source)}};

@@ -33,16 +33,18 @@ inline plan::PlanOverrides with(plan::PlanOverrides o, int plan::PlanOverrides::
 }
 
 inline plan::LayerPlan sm90_plan(const MoeSpec& spec, int tokens, FuseShared fuse,
-                                 const plan::PlanOverrides& o, DType experts = DType::BF16) {
-  return plan::plan_layer(spec, tokens, fuse, o, plan::device_profile("sm90"), experts);
+                                 const plan::PlanOverrides& o, DType experts = DType::BF16,
+                                 ExpertFormat mx = ExpertFormat::Bf16) {
+  return plan::plan_layer(spec, tokens, fuse, o, plan::device_profile("sm90"), experts, mx);
 }
 
 // Whether the plan launches instance `kernel` (by name), with the plan's text when it does not
 // do as `expected` says.
 inline testing::AssertionResult plan_runs(const MoeSpec& spec, int tokens, FuseShared fuse,
                                           const plan::PlanOverrides& o, const std::string& kernel,
-                                          DType experts = DType::BF16) {
-  const plan::LayerPlan p = sm90_plan(spec, tokens, fuse, o, experts);
+                                          DType experts = DType::BF16,
+                                          ExpertFormat mx = ExpertFormat::Bf16) {
+  const plan::LayerPlan p = sm90_plan(spec, tokens, fuse, o, experts, mx);
   const std::vector<std::string> names = plan_kernel_names(p);
   const bool runs = std::find(names.begin(), names.end(), kernel) != names.end();
   auto result = runs ? testing::AssertionSuccess() : testing::AssertionFailure();
@@ -61,9 +63,10 @@ inline std::unique_ptr<cuda::GpuMoeLayer> create_with(const LayerWeights& w,
 // The layer runs the instances the profile plans (the H200 is the "sm90" profile's device).
 inline void expect_layer_runs_its_plan(const cuda::GpuMoeLayer& gpu, const MoeSpec& spec,
                                        int tokens, FuseShared fuse, const plan::PlanOverrides& o,
-                                       const std::string& what, DType experts = DType::BF16) {
+                                       const std::string& what, DType experts = DType::BF16,
+                                       ExpertFormat mx = ExpertFormat::Bf16) {
   EXPECT_EQ(plan_kernel_names(gpu.plan(tokens, fuse)),
-            plan_kernel_names(sm90_plan(spec, tokens, fuse, o, experts)))
+            plan_kernel_names(sm90_plan(spec, tokens, fuse, o, experts, mx)))
       << what << ": the layer's plan:\n"
       << plan::describe(gpu.plan(tokens, fuse));
 }

@@ -31,14 +31,32 @@ TEST_P(GpuLayerInstance, MatchesCpuReferenceAndItself) {
   ASSERT_TRUE(found.has_value()) << "no configuration launches " << k.name
                                  << " (the CPU test PlanInstance.* says the same)";
   const InstanceCase& c = *found;
-  const MoeSpec spec = small_spec(c.shape.model, c.shape.hidden, c.shape.experts, c.shape.inter);
-  ASSERT_TRUE(plan_runs(spec, c.tokens, c.fuse, c.overrides, k.name, c.experts)) << c.text();
+  MoeSpec spec = small_spec(c.shape.model, c.shape.hidden, c.shape.experts, c.shape.inter);
+  if (c.mx == ExpertFormat::Mxfp8) {
+    // (the family's config as a MiniMax-M3-style MXFP8 export declares it: tests/mx_test_util.h)
+    spec.quant = QuantSpec{.kind = QuantKind::Mxfp8,
+                           .block_out = 1,
+                           .block_in = 32,
+                           .activation_scheme = "dynamic",
+                           .modules_to_not_convert = {"gate", "e_score_correction_bias"}};
+  }
+  ASSERT_TRUE(plan_runs(spec, c.tokens, c.fuse, c.overrides, k.name, c.experts, c.mx)) << c.text();
   std::printf("%s: %s\n", k.name, c.text().c_str());
   SKIP_WITHOUT_GPU();
   const bool fp8 = c.experts == DType::F8_E4M3;
-  // fp8: the random weights through an fp8 checkpoint of the project's writer, loaded as fp8
+  // fp8 / MX: the random weights through a checkpoint of the project's writer in that format,
+  // loaded as it is stored
   std::unique_ptr<LayerWeights> w;
-  if (fp8) {
+  if (c.mx != ExpertFormat::Bf16) {
+    const std::string dir = scratch_dir();
+    const auto bf16 = make_random_weights(spec, spec.moe_layers.front(), 200 + index);
+    SaveCheckpointOptions so;
+    so.expert_format = c.mx;
+    save_checkpoint(*bf16, dir, so);
+    LoadOptions lo;
+    lo.expert_format = c.mx;
+    w = load_checkpoint_weights(spec, spec.moe_layers.front(), dir, lo);
+  } else if (fp8) {
     const std::string dir = scratch_dir();
     write_fp8_checkpoint(spec, spec.moe_layers.front(), 200 + index, false, dir);
     LoadOptions lo;
@@ -52,7 +70,7 @@ TEST_P(GpuLayerInstance, MatchesCpuReferenceAndItself) {
   opt.overrides = c.overrides;
   const auto gpu = cuda::GpuMoeLayer::create(*w, opt);
   const std::string what = std::string(k.name) + ": " + c.text();
-  expect_layer_runs_its_plan(*gpu, spec, c.tokens, c.fuse, c.overrides, what, c.experts);
+  expect_layer_runs_its_plan(*gpu, spec, c.tokens, c.fuse, c.overrides, what, c.experts, c.mx);
   const std::vector<Bf16> x = random_x(c.tokens, spec.hidden, 300 + index);
   const ForwardResult first = gpu->forward(x.data(), c.tokens, c.fuse);
   expect_layer_matches(spec, c.tokens, first,

@@ -87,21 +87,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// --dtype's format: config = what the spec's quantization_config declares.
-ExpertFormat bench_format(const MoeSpec& spec, const std::string& dtype) {
-  if (dtype != "config") {
-    try {
-      return parse_expert_format(dtype);
-    } catch (const Error&) {
-      MK_FAIL("bench: --dtype '" << dtype << "' is not one of bf16, fp8, mxfp4, mxfp8, config");
-    }
-  }
-  if (spec.fp8_experts()) return ExpertFormat::Fp8Block;
-  if (spec.quant.kind == QuantKind::Mxfp4) return ExpertFormat::Mxfp4;
-  if (spec.quant.kind == QuantKind::Mxfp8) return ExpertFormat::Mxfp8;
-  return ExpertFormat::Bf16;
-}
-
 // Bytes of one expert and of the shared MLP held in format f.
 struct MlpBytes {
   double expert = 0, shared = 0;

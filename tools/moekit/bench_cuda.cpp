@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "cli_context.h"
 #include "commands.h"
 #include "moekit/cuda_layer.h"
@@ -207,11 +208,10 @@ int run_bench_cuda(const BenchOptions& opt) {
   b.iterations = opt.iterations;
   b.trace = opt.trace;
   b.overrides = env_overrides();
-  MK_CHECK(opt.dtype == "bf16" || opt.dtype == "fp8" || opt.dtype == "config",
-           "bench: --dtype '" << opt.dtype << "' is not one of bf16, fp8, config on --device "
-                              << "cuda (mxfp4 and mxfp8 run on --device cpu)");
-  const bool fp8 = opt.dtype == "fp8" || (opt.dtype == "config" && load_spec(opt.model).fp8_experts());
-  b.expert_dtype = fp8 ? DType::F8_E4M3 : DType::BF16;
+  const ExpertFormat format = bench_format(load_spec(opt.model), opt.dtype);
+  b.expert_dtype = format == ExpertFormat::Fp8Block ? DType::F8_E4M3 : DType::BF16;
+  b.mx_format =
+      format == ExpertFormat::Mxfp4 || format == ExpertFormat::Mxfp8 ? format : ExpertFormat::Bf16;
   const std::vector<cuda::GpuBenchRecord> recs = cuda::bench_layer(b, !opt.json);
   if (!opt.plot.empty()) plot_sweep(recs, opt.plot);
 

@@ -92,4 +92,20 @@ double max_relative_difference(const std::vector<float>& a, const std::vector<fl
   return diff / std::max(scale, 1e-30);
 }
 
+// --dtype's format: config = what the spec's quantization_config declares.
+ExpertFormat bench_format(const MoeSpec& spec, const std::string& dtype, const char* command) {
+  if (dtype != "config") {
+    try {
+      return parse_expert_format(dtype);
+    } catch (const Error&) {
+      MK_FAIL(command << ": --dtype '" << dtype
+                      << "' is not one of bf16, fp8, mxfp4, mxfp8, config");
+    }
+  }
+  if (spec.fp8_experts()) return ExpertFormat::Fp8Block;
+  if (spec.quant.kind == QuantKind::Mxfp4) return ExpertFormat::Mxfp4;
+  if (spec.quant.kind == QuantKind::Mxfp8) return ExpertFormat::Mxfp8;
+  return ExpertFormat::Bf16;
+}
+
 }  // namespace moekit::cli

@@ -41,6 +41,11 @@ void check_finite_output(const std::vector<float>& y, int hidden, const std::str
 // "1.23 GB", "456.0 MB", "789 B".
 std::string human_bytes(double bytes);
 
+// The experts' format `moekit bench --dtype` (and plan's) names (bf16, fp8, mxfp4, mxfp8; config:
+// what the spec's quantization_config declares); throws naming `command` and the choices.
+ExpertFormat bench_format(const MoeSpec& spec, const std::string& dtype,
+                          const char* command = "bench");
+
 // Max over elements of |a - b| / max(max|b|, tiny): the difference relative to the output's scale
 // (infinity when an element differs by NaN).
 double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b);

@@ -33,8 +33,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", o->json, "Print JSON records");
   cmd->add_flag("--trace", o->trace, "Print each batch's kernel timeline to stderr (cuda)");
   cmd->add_option("--dtype", o->dtype,
-                  "Experts' dtype: bf16|fp8|config (what the config declares); cpu also "
-                  "mxfp4|mxfp8")
+                  "Experts' dtype: bf16|fp8|mxfp4|mxfp8|config (what the config declares)")
       ->capture_default_str();
   auto ep = std::make_shared<int>(1);
   cmd->add_option("--ep", *ep, "Expert-parallel ranks (GPUs); 1 = one GPU holds every expert")

@@ -1,12 +1,14 @@
 // `moekit plan --model M --batch 1,32,4096 [--fuse-shared auto|on|off] [--device-info sm90|live]
-// [--dtype bf16|fp8|config] [--json]`: which kernels a GPU forward runs at each batch and why (moekit/plan.h), without a
-// GPU unless --device-info live; the environment's plan knobs apply as they do for `bench`.
-// `moekit list-kernels`: every compiled expert-kernel instance of the plan's table.
+// [--dtype bf16|fp8|mxfp4|mxfp8|config] [--json]`: which kernels a GPU forward runs at each batch
+// and why (moekit/plan.h), without a GPU unless --device-info live; the environment's plan knobs
+// apply as they do for `bench`. `moekit list-kernels`: every compiled expert-kernel instance of the
+// plan's table.
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_common.h"
 #include "cli_context.h"
 #include "commands.h"
 #include "moekit/cuda_layer.h"
@@ -38,13 +40,13 @@ int run_plan(const PlanOptions& o) {
   const MoeSpec spec = load_spec(o.model);
   const plan::DeviceInfo dev = device_info(o.device_info);
   const FuseShared fuse = parse_fuse_shared(o.fuse);
-  MK_CHECK(o.dtype == "bf16" || o.dtype == "fp8" || o.dtype == "config",
-           "plan: --dtype '" << o.dtype << "' is not one of bf16, fp8, config");
-  const bool fp8 = o.dtype == "fp8" || (o.dtype == "config" && spec.fp8_experts());
-  const DType experts = fp8 ? DType::F8_E4M3 : DType::BF16;
+  const ExpertFormat format = bench_format(spec, o.dtype, "plan");
+  const DType experts = format == ExpertFormat::Fp8Block ? DType::F8_E4M3 : DType::BF16;
+  const ExpertFormat mx =
+      format == ExpertFormat::Mxfp4 || format == ExpertFormat::Mxfp8 ? format : ExpertFormat::Bf16;
   nlohmann::json plans = nlohmann::json::array();
   for (const int t : parse_token_list(o.batches, "--batch")) {
-    const plan::LayerPlan p = plan::plan_layer(spec, t, fuse, env_overrides(), dev, experts);
+    const plan::LayerPlan p = plan::plan_layer(spec, t, fuse, env_overrides(), dev, experts, mx);
     if (o.json) {
       plans.push_back(nlohmann::json::parse(plan::to_json(p)));
     } else {
@@ -67,7 +69,7 @@ void add_plan_commands(CLI::App& app) {
   cmd->add_option("--device-info", o->device_info, "sm90|sm100 (profiles) or live (the GPU)")
       ->capture_default_str();
   cmd->add_option("--dtype", o->dtype,
-                  "Experts held in bf16|fp8|config (what the config declares)")
+                  "Experts held in bf16|fp8|mxfp4|mxfp8|config (what the config declares)")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print the plans as JSON");
   cmd->callback([o] {

@@ -69,14 +69,11 @@ void run(const RunOptions& options) {
       MK_FAIL("--expert-dtype '" << o.expert_dtype << "' is not one of bf16, fp8, mxfp4, mxfp8");
     }
   }();
-  const bool keep_quantised = held != ExpertFormat::Bf16;
   const bool keep_fp8 = held == ExpertFormat::Fp8Block;
   // Without --weights the experts are random in that form: on the CPU the random bf16 weights
-  // quantised as save_checkpoint writes the form (make_random_weights), on the GPU fp8 codes and
-  // tile scales generated there.
-  MK_CHECK(!keep_quantised || keep_fp8 || device == "cpu",
-           "--expert-dtype " << o.expert_dtype
-                             << " runs on the CPU (--device cpu); the GPU layer takes bf16 or fp8");
+  // quantised as save_checkpoint writes the form (make_random_weights), on the GPU fp8 or MX
+  // codes and scales generated there.
+  const bool keep_mx = held == ExpertFormat::Mxfp4 || held == ExpertFormat::Mxfp8;
   const Fp8Compute fp8_compute = parse_fp8_compute(
       !o.fp8_compute.empty()                   ? o.fp8_compute
       : o.backend == "fast" && device == "cpu" ? "weight-only"
@@ -108,6 +105,7 @@ void run(const RunOptions& options) {
     opt.max_tokens = o.tokens;
     opt.overrides = env_overrides();
     opt.expert_dtype = keep_fp8 ? DType::F8_E4M3 : DType::BF16;
+    opt.mx_format = keep_mx ? held : ExpertFormat::Bf16;
     gpu_layer = cuda::GpuMoeLayer::create_random(spec, layer, o.seed, opt);
     origin = "random seed " + std::to_string(o.seed) + " (generated on the GPU)";
   } else {
@@ -228,8 +226,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "CPU backend: fast|reference")->capture_default_str();
   cmd->add_option("--expert-dtype", o->expert_dtype,
                   "bf16 (checkpoints dequantised at load), or fp8 / mxfp4 / mxfp8: the experts "
-                  "held in that form (a checkpoint's as stored, random ones quantised; mxfp4 / "
-                  "mxfp8 on the CPU only)")
+                  "held in that form (a checkpoint's as stored, random ones quantised)")
       ->capture_default_str();
   cmd->add_option("--fp8-compute", o->fp8_compute,
                   "fp8 experts: w8a8 or weight-only (default: w8a8 on the reference, "

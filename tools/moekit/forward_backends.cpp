@@ -21,10 +21,6 @@ ForwardResult forward_on(const std::string& device, const std::string& backend,
                          const LayerWeights& w, const Bf16* x, int tokens, FuseShared fuse,
                          Fp8Compute fp8) {
   const bool fp8_weights = w.expert_format() == ExpertFormat::Fp8Block;
-  // (the GPU layer holds bf16 and fp8 block-scale experts)
-  MK_CHECK(!(!fp8_weights && w.expert_format() != ExpertFormat::Bf16 && device == "cuda"),
-           expert_format_name(w.expert_format())
-               << "-held experts run on the CPU; the GPU layer takes bf16 or fp8 (--expert-dtype)");
   if (device == "cuda") return cuda::forward_once(w, x, tokens, fuse, env_overrides());
   if (backend == "reference") return cpu_reference::forward(w, x, tokens, fuse, fp8);
   MK_CHECK(backend == "fast", "--backend '" << backend << "' is not one of fast, reference");

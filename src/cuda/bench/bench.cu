@@ -23,12 +23,13 @@
 #include <vector>
 
 #include "common/random_values.h"
+#include "cuda/bench/gemm_ceiling.h"
 #include "cuda/bench/graph_timing.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
-#include "cuda/layer/random_fill.h"
 #include "cuda/common/trace.cuh"
-#include "cuda/bench/gemm_ceiling.h"
+#include "cuda/experts/experts_mx_layout.h"
+#include "cuda/layer/random_fill.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
 
@@ -219,6 +220,8 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
   if (verbose) std::fprintf(stderr, "read bandwidth: %.1f GB/s over %zu MB\n", bw_gbs, read_bytes >> 20);
   // the tensor-core ceiling of the experts' dtype (a dense 8192^3 GEMM), for peak_fraction
   const bool fp8 = opt.expert_dtype == DType::F8_E4M3;
+  const bool mx = opt.mx_format != ExpertFormat::Bf16;
+  // (MX computes in bf16 after its in-register dequantisation: the bf16 ceiling)
   const double peak_tflops = fp8 ? bench_fp8_gemm_tflops() : bench_bf16_gemm_tflops();
   if (verbose) {
     std::fprintf(stderr, "%s GEMM ceiling: %.1f TFLOP/s\n", fp8 ? "fp8" : "bf16", peak_tflops);
@@ -231,6 +234,7 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
   lo.fuse = FuseShared::Auto;
   lo.overrides = opt.overrides;
   lo.expert_dtype = opt.expert_dtype;
+  lo.mx_format = opt.mx_format;
   const int moe_layers = static_cast<int>(spec.moe_layers.size());
   std::vector<std::unique_ptr<GpuMoeLayer>> sets;
   sets.push_back(GpuMoeLayer::create_random(spec, spec.moe_layers[0], opt.seed, lo));
@@ -266,11 +270,26 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
     std::vector<bool> modes;
     const bool can_fuse = spec.can_fuse_shared();
     const bool has_shared = spec.shared_kind != SharedKind::None;
-    MK_CHECK(!(fp8 && has_shared && opt.fuse == FuseShared::Off),
-             "bench_layer: fp8 experts run the shared expert fused (--fuse-shared off)");
+    const bool quantised = fp8 || mx;
+    MK_CHECK(!(quantised && has_shared && opt.fuse == FuseShared::Off),
+             "bench_layer: " << (fp8 ? "fp8" : expert_format_name(opt.mx_format))
+                             << " experts run the shared expert fused (--fuse-shared off)");
     if (opt.fuse != FuseShared::Off && can_fuse) modes.push_back(true);
-    // (fp8: the shared expert runs fused only)
-    if ((opt.fuse != FuseShared::On || !can_fuse) && !(fp8 && has_shared)) modes.push_back(false);
+    // (fp8, MX: the shared expert runs fused only)
+    if ((opt.fuse != FuseShared::On || !can_fuse) && !(quantised && has_shared)) {
+      modes.push_back(false);
+    }
+    // the bytes of an expert (or the shared MLP) of width w in the layer's format
+    auto mlp_bytes = [&](size_t w, size_t bf16_bytes, size_t fp8_bytes) {
+      const size_t elements = 3 * w * spec.hidden;
+      return mx    ? elements / mx_elems_per_byte(opt.mx_format) + elements / kMxGroup
+             : fp8 ? fp8_bytes
+                   : bf16_bytes;
+    };
+    const double expert_bytes = static_cast<double>(
+        mlp_bytes(spec.expert_intermediate, spec.expert_bytes(), spec.fp8_expert_bytes()));
+    const double shared_bytes = static_cast<double>(
+        mlp_bytes(spec.shared_intermediate, spec.shared_bytes(), spec.fp8_shared_bytes()));
 
     for (const int batch : opt.batches) {
       std::vector<GpuBenchRecord> recs;
@@ -280,7 +299,7 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
         r.model = spec.name;
         r.device = prop.name;
         r.batch = batch;
-        r.dtype = fp8 ? "fp8" : "bf16";
+        r.dtype = mx ? expert_format_name(opt.mx_format) : fp8 ? "fp8" : "bf16";
         r.fuse_shared = fused ? "on" : "off";
         r.auto_choice = sets[0]->resolve_fused(FuseShared::Auto, batch) == fused;
         r.read_bw_gbs = bw_gbs;
@@ -299,13 +318,10 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
           for (const int id : fr.routing.ids) {
             if (id < spec.num_experts) routed.insert(id);
           }
-          bytes += static_cast<double>(routed.size()) *
-                   (fp8 ? spec.fp8_expert_bytes() : spec.expert_bytes());
+          bytes += static_cast<double>(routed.size()) * expert_bytes;
         }
         bytes /= nsets;
-        if (has_shared) {
-          bytes += static_cast<double>(fp8 ? spec.fp8_shared_bytes() : spec.shared_bytes());
-        }
+        if (has_shared) bytes += shared_bytes;
         bytes += static_cast<double>(spec.router_bytes());
         bytes += 2.0 * batch * spec.hidden * 2;
         r.touched_bytes = bytes;

@@ -75,16 +75,29 @@ void launch_expert_kernel(int kernel, const ExpertsParams& p, int grid, bool pdl
                  << ", self_route " << p.self_route << ") disagree with " << plan::describe(k));
     MK_CHECK(!k.down_tail || p.tile_counters != nullptr,
              "launch_expert_kernel: " << k.name << " needs the combine's counters");
-    MK_CHECK(k.fp8 ? p.w8 != nullptr && p.w_scale != nullptr && p.w == nullptr &&
-                         p.x8 != nullptr && p.x_scale != nullptr && p.k % 128 == 0 &&
-                         p.inter % 128 == 0
-                   : p.w8 == nullptr && p.w != nullptr,
-             "launch_expert_kernel: " << k.name << (k.fp8 ? " reads fp8 weights, activations and "
-                                                              "scales (w8, w_scale, x8, x_scale; k "
-                                                              "and inter multiples of 128)"
-                                                        : " reads bf16 weights (w)")
-                                      << ", got w " << p.w << ", w8 " << static_cast<const void*>(p.w8)
-                                      << ", k " << p.k << ", inter " << p.inter);
+    const bool mx = k.mx != ExpertFormat::Bf16;
+    MK_CHECK(!mx || (p.w8 != nullptr && p.mx_scale != nullptr && p.w == nullptr && p.x != nullptr &&
+                     p.k % kMxGroup == 0 && reinterpret_cast<uintptr_t>(p.w8) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(p.mx_scale) % 16 == 0 &&
+                     p.w_expert_stride % 16 == 0 && p.mx_scale_expert_stride % 16 == 0),
+             "launch_expert_kernel: " << k.name
+                                      << " reads packed MX weights and their e8m0 bytes (w8, "
+                                         "mx_scale, 16-byte aligned; k a multiple of 32) and bf16 "
+                                         "activations (x), got w8 "
+                                      << static_cast<const void*>(p.w8) << ", mx_scale "
+                                      << static_cast<const void*>(p.mx_scale) << ", k " << p.k);
+    MK_CHECK(mx || (k.fp8 ? p.w8 != nullptr && p.w_scale != nullptr && p.w == nullptr &&
+                                p.x8 != nullptr && p.x_scale != nullptr && p.k % 128 == 0 &&
+                                p.inter % 128 == 0
+                          : p.w8 == nullptr && p.w != nullptr),
+             "launch_expert_kernel: " << k.name
+                                      << (k.fp8 ? " reads fp8 weights, activations and "
+                                                  "scales (w8, w_scale, x8, x_scale; k "
+                                                  "and inter multiples of 128)"
+                                                : " reads bf16 weights (w)")
+                                      << ", got w " << p.w << ", w8 "
+                                      << static_cast<const void*>(p.w8) << ", k " << p.k
+                                      << ", inter " << p.inter);
     MK_CHECK(
         (k.ring != plan::Ring::Fp8OneToken && k.ring != plan::Ring::Fp8OneTokenDeep) ||
             (p.k % 512 == 0 && reinterpret_cast<uintptr_t>(p.w_scale) % 16 == 0 &&

@@ -89,6 +89,13 @@ struct ExpertsParams {
   const float* shared_scale = nullptr;
   __nv_bfloat16* y = nullptr;
   unsigned long long* trace = nullptr;  // timeline (cuda/common/trace.cuh; bulk kernel) or null
+  // the MX instances (plan::ExpertKernel::mx) instead of w: w8 holds the packed rows in the
+  // kernels' layout (experts_mx_layout.h: tiles of 16 rows, a row mx_row_bytes(k) bytes of k e4m3
+  // or k/2 e2m1 pairs), w_expert_stride in bytes, and mx_scale the rows' e8m0 bytes in that
+  // layout, per expert mx_scale_expert_stride bytes; k a multiple of 32. (Last: the other
+  // instances' parameter offsets stay as they were.)
+  const uint8_t* mx_scale = nullptr;
+  long long mx_scale_expert_stride = 0;
 };
 
 // Raises the shared-memory limit of every expert-kernel instance (src/plan/expert_kernels.h) on

@@ -64,6 +64,7 @@
 #include "cuda/experts/experts_bulk_combine.cuh"
 #include "cuda/experts/experts_bulk_layout.cuh"
 #include "cuda/experts/experts_fp8.cuh"
+#include "cuda/experts/experts_mx.cuh"
 
 namespace moekit::cuda::experts_detail {
 
@@ -99,9 +100,14 @@ namespace moekit::cuda::experts_detail {
 // their PDL wait: x8 is complete when this kernel starts, since the routing kernel or the
 // engine's dispatch runs between the quantiser and it and lets it launch only after its own
 // wait).
+// kMx (Mxfp8 / Mxfp4, the MX ring): packed MX weights, W8A16 / W4A16 (experts_mx.cuh): k blocks
+// of 128 packed bytes (128 or 256 elements), the last one of a row possibly partial (rows of
+// k / 2 or k bytes, k a multiple of 32); the producers copy the rows' chunk bytes and the chunk's
+// e8m0 bytes into the stage, the consumers load their bf16 activations from L2 and dequantise
+// each weight before its mma.
 template <int kMode, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
-          bool kKeep = false,
-          bool kTail = false, bool kHalves = false, bool kSelfRoute = false, bool kFp8 = false>
+          bool kKeep = false, bool kTail = false, bool kHalves = false, bool kSelfRoute = false,
+          bool kFp8 = false, ExpertFormat kMx = ExpertFormat::Bf16>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
@@ -122,6 +128,11 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
       "the fp8 one-token rings, without the L2 keep");
   static_assert((kRing != plan::Ring::WeightsOnlyDeep && !kFp8OneToken) || kFp8,
                 "the deep ring of weights only and the one-token rings with scales: fp8's");
+  constexpr bool kMxOn = kMx != ExpertFormat::Bf16;
+  static_assert((kRing == plan::Ring::MxWeightsOnly) == kMxOn &&
+                    (!kMxOn || (kNT == 1 && !kFp8 && !kSplitRows && !kKeep && !kTail && !kHalves &&
+                                !kSelfRoute)),
+                "kMx: the MX ring's, one n-tile, no other option");
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   // whether an item (its record's `down` flag) is a down item: fixed by the mode
@@ -146,11 +157,11 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   // at once (bulk_combine_tile) in the instances that run at <= 8 tokens only, whose code stays
   // as it was measured: with the passes they are slower at one token, though the code they run
   // there is the same (docs/decisions/experts_bulk_design.md)
-  constexpr bool kCombineInPasses = kHasDown &&
-                                    (kRing == plan::Ring::Standard ||
-                                     kRing == plan::Ring::WeightsOnly ||
-                                     kRing == plan::Ring::WeightsOnlyDeep) &&
-                                    !kSplitRows;
+  constexpr bool kCombineInPasses =
+      kHasDown &&
+      (kRing == plan::Ring::Standard || kRing == plan::Ring::WeightsOnly ||
+       kRing == plan::Ring::WeightsOnlyDeep || kRing == plan::Ring::MxWeightsOnly) &&
+      !kSplitRows;
   constexpr int kGateUpTileRows = 8;  // output rows per gate/up item (of h)
   constexpr int kDownTileRows = 16;   // output rows per down item
   // (rounded up: a warp's blocks past the chunk are skipped, Ring::OneTokenNarrow)
@@ -200,9 +211,11 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   auto owns = [&](int fill) {
     return (fill % kStages) % kBulkProducerWarps == producer_id;
   };
-  constexpr int kBlockElems = kFp8 ? kFp8BlockK : kBlockK;  // elements of a k block
-  const int gu_nkb = kHasGateUp ? gu.k / kBlockElems : 0;
-  const int dn_nkb = kHasDown ? dn.k / kBlockElems : 0;
+  // elements of a k block (MX: 128 packed bytes; a row's last block may be partial)
+  constexpr int kBlockElems = kMxOn ? 128 * mx_elems_per_byte(kMx) : kFp8 ? kFp8BlockK : kBlockK;
+  constexpr int kBlockRound = kMxOn ? kBlockElems - 1 : 0;  // (MX: a partial last block counts)
+  const int gu_nkb = kHasGateUp ? (gu.k + kBlockRound) / kBlockElems : 0;
+  const int dn_nkb = kHasDown ? (dn.k + kBlockRound) / kBlockElems : 0;
   const int gu_nchunks = (gu_nkb + kChunkBlocks - 1) / kChunkBlocks;
   const int dn_nchunks = (dn_nkb + kChunkBlocks - 1) / kChunkBlocks;
   auto range = [&](int total, int b) {
@@ -226,13 +239,13 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 }
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
-// kSplitRows, kRing, kKeep, kTail, kHalves, kSelfRoute and kFp8 as experts_bulk_body.
+// kSplitRows, kRing, kKeep, kTail, kHalves, kSelfRoute, kFp8 and kMx as experts_bulk_body.
 template <bool kGateUp, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
-          bool kKeep = false,
-          bool kTail = false, bool kHalves = false, bool kSelfRoute = false, bool kFp8 = false>
+          bool kKeep = false, bool kTail = false, bool kHalves = false, bool kSelfRoute = false,
+          bool kFp8 = false, ExpertFormat kMx = ExpertFormat::Bf16>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
   experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kRing, kKeep, kTail,
-                    kHalves, kSelfRoute, kFp8>(p, p, nullptr);
+                    kHalves, kSelfRoute, kFp8, kMx>(p, p, nullptr);
 }
 
 }  // namespace moekit::cuda::experts_detail

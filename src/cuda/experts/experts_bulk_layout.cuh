@@ -9,6 +9,8 @@
 // L2). The fp8 one-token rings (Ring::Fp8OneToken, Ring::Fp8OneTokenDeep) end each stage with
 // its chunk's scales: kChunkBlocks floats each of the activation's, the weight tile's first 8
 // rows' and its last 8 rows' (gate/up: gate and up; down: the first only, one 128-row tile).
+// The MX ring (Ring::MxWeightsOnly) holds a stage's 16 rows back to back at the chunk's own
+// pitch, and ends each stage with the e8m0 bytes of the 16 rows' chunk (experts_mx_layout.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -46,15 +48,15 @@ struct BulkItem {
 constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
 
 template <int kNT, int kStages, int kChunkBlocks, int kActRowsPerStage = kNT * 8, int kRowPad = 64,
-          int kRedBufs = kDefaultRedBuffers, bool kStageScales = false>
+          int kRedBufs = kDefaultRedBuffers, int kStageScaleBytes = 0>
 struct BulkLayout {
   static constexpr int kActRows = kActRowsPerStage;
   static constexpr int kRedBuffers = kRedBufs;
   // bytes per row in a stage (kRowPad 0: a tile's rows land as one contiguous copy)
   static constexpr int kPitch = kChunkBlocks * kBlockK * 2 + kRowPad;
-  // kStageScales: the chunk's activation, low and high weight scales after the rows
+  // kStageScaleBytes: the chunk's scales after the rows (BulkShape::kStageScaleBytes)
   static constexpr int kScaleOffset = (kBulkWeightRows + kActRows) * kPitch;
-  static constexpr int kScaleBytes = kStageScales ? 3 * kChunkBlocks * 4 : 0;
+  static constexpr int kScaleBytes = kStageScaleBytes;
   static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
   static constexpr int kRedFloats = kBulkConsumerWarps * kNT * 4 * 32;  // one buffer
   static constexpr int kRedOffset = kStages * kStageBytes;
@@ -143,7 +145,7 @@ struct BulkShape<1, plan::Ring::Fp8OneToken> {
   // consumers then wait on nothing but the stage (docs/decisions/fp8_experts.md)
   static constexpr int kStages = 3, kChunkBlocks = 32, kActRows = 1, kRowPad = 0;
   static constexpr int kRedBuffers = kDefaultRedBuffers;
-  static constexpr bool kStageScales = true;
+  static constexpr int kStageScaleBytes = 3 * kChunkBlocks * 4;
 };
 template <>
 struct BulkShape<1, plan::Ring::Fp8OneTokenDeep> {
@@ -151,7 +153,18 @@ struct BulkShape<1, plan::Ring::Fp8OneTokenDeep> {
   // exactly 2 KB are one copy): the fp8 down kernel's at one token for rows of <= 2 KB
   static constexpr int kStages = 6, kChunkBlocks = 16, kActRows = 1, kRowPad = 0;
   static constexpr int kRedBuffers = kDefaultRedBuffers;
-  static constexpr bool kStageScales = true;
+  static constexpr int kStageScaleBytes = 3 * kChunkBlocks * 4;
+};
+template <>
+struct BulkShape<1, plan::Ring::MxWeightsOnly> {
+  // 6 x 34 KB (16 x 2 KB packed MX weights + the chunk's e8m0 bytes of the 16 rows: 128 a row
+  // for MXFP4's 4096 elements, 64 for MXFP8's 2048): the MX instances' ring, weights only, at
+  // every batch. A stage's rows lie back to back at the pitch of the chunk's bytes (a runtime
+  // pitch: a row's last chunk may be shorter), as the kernels' layout holds them, so its weights
+  // are one copy and its scales another (experts_mx_layout.h; docs/decisions/mx_experts.md)
+  static constexpr int kStages = 6, kChunkBlocks = 16, kActRows = 0, kRowPad = 0;
+  static constexpr int kRedBuffers = kDefaultRedBuffers;
+  static constexpr int kStageScaleBytes = kBulkWeightRows * 128;
 };
 template <>
 struct BulkShape<2, plan::Ring::Standard> {
@@ -169,13 +182,14 @@ struct BulkShape<2, plan::Ring::WeightsOnly> {
   static constexpr int kRedBuffers = 3;
 };
 
-// Whether a ring's stages end with the chunk's scales (BulkShape::kStageScales, where declared).
+// The bytes of the chunk's scales that end a ring's stages (BulkShape::kStageScaleBytes, where
+// declared).
 template <typename S>
-constexpr bool stage_scales() {
-  if constexpr (requires { S::kStageScales; }) {
-    return S::kStageScales;
+constexpr int stage_scale_bytes() {
+  if constexpr (requires { S::kStageScaleBytes; }) {
+    return S::kStageScaleBytes;
   } else {
-    return false;
+    return 0;
   }
 }
 
@@ -183,7 +197,7 @@ template <int kNT, plan::Ring kRing = plan::Ring::Standard>
 struct BulkShapeLayout {
   using S = BulkShape<kNT, kRing>;
   using type = BulkLayout<kNT, S::kStages, S::kChunkBlocks, S::kActRows, S::kRowPad, S::kRedBuffers,
-                          stage_scales<S>()>;
+                          stage_scale_bytes<S>()>;
 };
 
 template <int kNT, plan::Ring kRing = plan::Ring::Standard>

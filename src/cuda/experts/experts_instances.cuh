@@ -34,6 +34,8 @@ constexpr int bulk_ring(plan::Ring r) {
       return 6;
     case plan::Ring::Fp8OneTokenDeep:
       return 7;
+    case plan::Ring::MxWeightsOnly:
+      return 8;
   }
   return -1;
 }

@@ -43,6 +43,18 @@ void GpuMoeLayer::Impl::validate() const {
            "expected router dtype BF16 or F32, got " << dtype_name(spec.router_dtype));
   MK_CHECK(opt.expert_dtype == DType::BF16 || opt.expert_dtype == DType::F8_E4M3,
            "the GPU layer holds BF16 or F8_E4M3 experts, not " << dtype_name(opt.expert_dtype));
+  MK_CHECK(opt.mx_format == ExpertFormat::Bf16 ||
+               ((opt.mx_format == ExpertFormat::Mxfp4 || opt.mx_format == ExpertFormat::Mxfp8) &&
+                opt.expert_dtype == DType::BF16),
+           "GpuLayerOptions::mx_format is Bf16, Mxfp4 or Mxfp8 (with expert_dtype BF16), got "
+               << expert_format_name(opt.mx_format) << " with " << dtype_name(opt.expert_dtype));
+  if (mx_experts()) {
+    MK_CHECK(!has_shared || can_fuse,
+             expert_format_name(mx)
+                 << " experts on the GPU run the shared expert as fused slots, "
+                    "but the shared width "
+                 << Is << " of " << spec.name << " is not a whole multiple of " << I);
+  }
   if (fp8) {
     MK_CHECK(H % 128 == 0 && I % 128 == 0,
              "fp8 experts on the GPU need hidden and expert_intermediate multiples of 128 (whole "
@@ -61,6 +73,7 @@ void GpuMoeLayer::Impl::init_shapes() {
   K = spec.top_k;
   cols = spec.router_columns();
   fp8 = opt.expert_dtype == DType::F8_E4M3;
+  mx = opt.mx_format;
   has_shared = spec.shared_kind != SharedKind::None && spec.shared_intermediate > 0;
   Is = has_shared ? spec.shared_intermediate : 0;
   can_fuse = spec.can_fuse_shared();
@@ -87,7 +100,7 @@ std::unique_ptr<GpuMoeLayer::Impl> make_impl(const MoeSpec& spec, int layer,
   impl->device = live_device_info(opt.device);
   size_t free_b = 0, total_b = 0;
   MK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t need = gpu_layer_device_bytes(spec, opt.max_tokens, opt.expert_dtype);
+  const size_t need = gpu_layer_device_bytes(spec, opt.max_tokens, opt.expert_dtype, opt.mx_format);
   MK_CHECK(need <= free_b, "a GPU layer of " << spec.name << " for max_tokens " << opt.max_tokens
                                              << " needs " << need << " bytes of device memory; "
                                              << free_b << " of " << total_b
@@ -115,16 +128,19 @@ GpuMoeLayer::~GpuMoeLayer() {
 std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create(const LayerWeights& w,
                                                  const GpuLayerOptions& opt) {
   DeviceGuard guard(opt.device);
-  MK_CHECK(w.expert_format() == ExpertFormat::Bf16 || w.expert_format() == ExpertFormat::Fp8Block,
-           "the GPU layer holds bf16 or fp8 block-scale experts; the weights of "
-               << w.origin() << " are " << expert_format_name(w.expert_format())
-               << " (load them as bf16)");
+  const bool mx_weights =
+      w.expert_format() == ExpertFormat::Mxfp4 || w.expert_format() == ExpertFormat::Mxfp8;
   MK_CHECK(opt.expert_dtype == DType::BF16 || opt.expert_dtype == w.expert_dtype(),
            "GpuLayerOptions::expert_dtype " << dtype_name(opt.expert_dtype)
                                             << " disagrees with the weights' "
                                             << dtype_name(w.expert_dtype()));
+  MK_CHECK(opt.mx_format == ExpertFormat::Bf16 || opt.mx_format == w.expert_format(),
+           "GpuLayerOptions::mx_format " << expert_format_name(opt.mx_format)
+                                         << " disagrees with the weights' "
+                                         << expert_format_name(w.expert_format()));
   GpuLayerOptions held = opt;
   held.expert_dtype = w.expert_dtype();  // the layer holds what the weights hold
+  held.mx_format = mx_weights ? w.expert_format() : ExpertFormat::Bf16;
   auto impl = make_impl(w.spec(), w.layer(), held);
   impl->upload(w);
   impl->prepare_kernels();
@@ -140,8 +156,8 @@ std::unique_ptr<GpuMoeLayer> GpuMoeLayer::create_random(const MoeSpec& spec, int
   DeviceGuard guard(opt.device);
   auto impl = make_impl(spec, layer, opt);
   impl->fill_random(seed);
-  // (fp8: every row, the fused slots too, is filled as a routed expert's)
-  if (impl->can_fuse && !impl->fp8) impl->repack_slots_on_device();
+  // (fp8 and MX: every row, the fused slots too, is filled as a routed expert's)
+  if (impl->can_fuse && !impl->quantised()) impl->repack_slots_on_device();
   impl->prepare_kernels();
   impl->allocate_workspace();
   MK_CUDA_CHECK(cudaStreamSynchronize(impl->stream));

@@ -49,7 +49,9 @@ const plan::LayerPlan& GpuMoeLayer::Impl::plan_for(int tokens, FuseShared fuse,
     plan::PlanOverrides o = opt.overrides;
     // (a caller's own routing, the engine API's experts(): no gate/up kernel routes its token)
     if (!self_route) o.self_route_tokens = 0;
-    it = plans.emplace(key, plan::plan_layer(spec, tokens, fuse, o, device, opt.expert_dtype))
+    it = plans
+             .emplace(key, plan::plan_layer(spec, tokens, fuse, o, device, opt.expert_dtype,
+                                            opt.mx_format))
              .first;
     if (opt.overrides.print) std::cerr << plan::describe(it->second);
   }
@@ -194,6 +196,12 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
         p.scale_expert_stride = static_cast<long long>(scales13());
         p.x8 = ws.x8;
         p.x_scale = ws.x8_scale;
+      } else if (pl.mx != ExpertFormat::Bf16) {
+        p.w = nullptr;
+        p.w8 = wp.w13_mx;
+        p.w_expert_stride = static_cast<long long>(mx13_bytes());
+        p.mx_scale = wp.w13_mx_scale;
+        p.mx_scale_expert_stride = static_cast<long long>(mx13_scale_bytes());
       }
       p.bias = spec.has_expert_bias ? wp.b13 : nullptr;
       p.bias_expert_stride = static_cast<long long>(2) * I;
@@ -233,6 +241,12 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
         p.scale_expert_stride = static_cast<long long>(scales2());
         p.x8 = ws.h8;
         p.x_scale = ws.h8_scale;
+      } else if (pl.mx != ExpertFormat::Bf16) {
+        p.w = nullptr;
+        p.w8 = wp.w2_mx;
+        p.w_expert_stride = static_cast<long long>(mx2_bytes());
+        p.mx_scale = wp.w2_mx_scale;
+        p.mx_scale_expert_stride = static_cast<long long>(mx2_scale_bytes());
       }
       p.bias = spec.has_expert_bias ? wp.b2 : nullptr;
       p.bias_expert_stride = H;

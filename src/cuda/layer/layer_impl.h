@@ -49,6 +49,12 @@ struct LayerWeightPtrs {
   const float* w13_scale = nullptr;    // [E(+S), 2I/128, H/128]
   const uint8_t* w2_fp8 = nullptr;     // [E(+S), H, I]
   const float* w2_scale = nullptr;     // [E(+S), H/128, I/128]
+  // MX experts (the layer holds Mxfp4 / Mxfp8 experts: set instead of w13 / w2): the packed rows
+  // and their e8m0 bytes in the MX kernels' layout (cuda/experts/experts_mx_layout.h)
+  const uint8_t* w13_mx = nullptr;        // [E(+S), 2I, mx_row_bytes(H)]
+  const uint8_t* w13_mx_scale = nullptr;  // [E(+S), mx_scale_layout_bytes(2I, H)]
+  const uint8_t* w2_mx = nullptr;         // [E(+S), H, mx_row_bytes(I)]
+  const uint8_t* w2_mx_scale = nullptr;   // [E(+S), mx_scale_layout_bytes(H, I)]
 };
 
 // The workspace of a forward up to max_tokens, pieces of one buffer (Impl::carve_workspace);
@@ -111,6 +117,7 @@ struct GpuMoeLayer::Impl {
   bool has_shared = false;
   bool can_fuse = false;
   bool fp8 = false;  // the experts held as fp8 block-scale (GpuLayerOptions::expert_dtype)
+  ExpertFormat mx = ExpertFormat::Bf16;  // Mxfp4 / Mxfp8: MX experts (GpuLayerOptions::mx_format)
   RoutingConfig cfg_fused, cfg_unfused;
   cudaStream_t stream = nullptr;                 // preparation (uploads, warm-up, memsets)
   std::unique_ptr<SharedDenseMlp> shared_dense;  // the unfused shared MLP's cuBLAS GEMMs
@@ -136,6 +143,7 @@ struct GpuMoeLayer::Impl {
   size_t weight_bytes = 0;
   DeviceBuffer router_w, router_bias, corr_bias, w13, w2, b13, b2, shared_w13, shared_w2;
   DeviceBuffer w13_fp8, w13_scale, w2_fp8, w2_scale;  // fp8: instead of w13, w2 and the shared MLP
+  DeviceBuffer w13_mx, w13_mx_scale, w2_mx, w2_mx_scale;  // MX: the same
   // the owning layer's workspace (one buffer, carved), and its host forward's x and y
   size_t workspace_bytes = 0;
   DeviceBuffer workspace_buf;
@@ -149,6 +157,13 @@ struct GpuMoeLayer::Impl {
   // fp8: floats of one expert's tile scales (the 128 x 128 grids of w13 and w2)
   size_t scales13() const { return static_cast<size_t>(2 * I / 128) * (H / 128); }
   size_t scales2() const { return static_cast<size_t>(H / 128) * (I / 128); }
+  bool mx_experts() const { return mx != ExpertFormat::Bf16; }
+  bool quantised() const { return fp8 || mx_experts(); }  // no bf16 copy, the shared expert fused
+  // MX: bytes of one expert's packed w13 / w2 and of their scales in the kernels' layout
+  size_t mx13_bytes() const { return static_cast<size_t>(2) * I * mx_row_bytes(mx, H); }
+  size_t mx2_bytes() const { return static_cast<size_t>(H) * mx_row_bytes(mx, I); }
+  size_t mx13_scale_bytes() const;
+  size_t mx2_scale_bytes() const;
 
   // layer.cu
   void init_shapes();

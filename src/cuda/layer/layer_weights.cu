@@ -1,17 +1,54 @@
 // GpuMoeLayer::Impl's weights (layer_impl.h): allocation, upload from a LayerWeights, the device
 // random fill (random_fill.cu: the host generator's formula, so a 22.6 GB DeepSeek-V3 layer
-// needs no host copy), and the fused shared slots repacked on the device.
+// needs no host copy), and the fused shared slots repacked on the device. MX experts are held in
+// the MX kernels' layout (cuda/experts/experts_mx_layout.h): rows and e8m0 bytes regrouped by
+// tile on the host, the packed words reordered on the device after the upload.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "common/random_values.h"
 #include "cuda/common/cuda_check.h"
+#include "cuda/experts/experts_mx_layout.h"
 #include "cuda/layer/layer_impl.h"
 #include "cuda/layer/random_fill.h"
 #include "io/random_weight_values.h"
 #include "moekit/error.h"
 
 namespace moekit::cuda {
+namespace {
+
+// The packed words of an MX upload into the kernels' byte order, in place.
+__global__ void mx_kernel_order(uint32_t* words, size_t count, ExpertFormat f) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    words[i] = mx_kernel_word(f, words[i]);
+  }
+}
+
+void to_kernel_order(uint8_t* bytes, size_t count, ExpertFormat f, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const size_t words = count / 4;  // (rows of k / 2 or k bytes, k a multiple of 32)
+  const int blocks = static_cast<int>(std::min<size_t>((words + kThreads - 1) / kThreads, 4096));
+  if (words == 0) return;
+  mx_kernel_order<<<blocks, kThreads, 0, stream>>>(reinterpret_cast<uint32_t*>(bytes), words, f);
+  MK_CUDA_CHECK(cudaGetLastError());
+}
+
+// The e8m0 byte whose 2^(s - 127) times the format's largest element is nearest `scale`: the
+// random MX layers' exponent, so that their weights span the bf16 fill's range.
+uint8_t random_mx_exponent(ExpertFormat f, float scale) {
+  const float largest = f == ExpertFormat::Mxfp4 ? 6.0f : 448.0f;
+  return static_cast<uint8_t>(127 + std::lround(std::log2(scale / largest)));
+}
+
+}  // namespace
+
+size_t GpuMoeLayer::Impl::mx13_scale_bytes() const { return mx_scale_layout_bytes(mx, 2 * I, H); }
+size_t GpuMoeLayer::Impl::mx2_scale_bytes() const { return mx_scale_layout_bytes(mx, H, I); }
 
 void GpuMoeLayer::Impl::allocate_weights() {
   const size_t rows = rows_fused();
@@ -23,7 +60,12 @@ void GpuMoeLayer::Impl::allocate_weights() {
   }
   if (spec.has_router_bias) allocate<float>(router_bias, E, weight_bytes);
   if (spec.has_correction_bias) allocate<float>(corr_bias, E, weight_bytes);
-  if (fp8) {
+  if (mx_experts()) {
+    allocate<uint8_t>(w13_mx, rows * mx13_bytes(), weight_bytes);
+    allocate<uint8_t>(w13_mx_scale, rows * mx13_scale_bytes(), weight_bytes);
+    allocate<uint8_t>(w2_mx, rows * mx2_bytes(), weight_bytes);
+    allocate<uint8_t>(w2_mx_scale, rows * mx2_scale_bytes(), weight_bytes);
+  } else if (fp8) {
     allocate<uint8_t>(w13_fp8, rows * 2 * I * H, weight_bytes);
     allocate<float>(w13_scale, rows * scales13(), weight_bytes);
     allocate<uint8_t>(w2_fp8, rows * H * I, weight_bytes);
@@ -38,7 +80,7 @@ void GpuMoeLayer::Impl::allocate_weights() {
     MK_CUDA_CHECK(cudaMemsetAsync(b13.ptr, 0, b13.bytes, stream));
     MK_CUDA_CHECK(cudaMemsetAsync(b2.ptr, 0, b2.bytes, stream));
   }
-  if (has_shared && !fp8) {  // (fp8: the shared expert runs as its fused slots only)
+  if (has_shared && !quantised()) {  // (fp8, MX: the shared expert runs as fused slots only)
     allocate<__nv_bfloat16>(shared_w13, static_cast<size_t>(2) * Is * H, weight_bytes);
     allocate<__nv_bfloat16>(shared_w2, static_cast<size_t>(H) * Is, weight_bytes);
   }
@@ -59,6 +101,10 @@ void GpuMoeLayer::Impl::point_at_own_weights() {
   wp.w13_scale = w13_scale.as<float>();
   wp.w2_fp8 = w2_fp8.as<uint8_t>();
   wp.w2_scale = w2_scale.as<float>();
+  wp.w13_mx = w13_mx.as<uint8_t>();
+  wp.w13_mx_scale = w13_mx_scale.as<uint8_t>();
+  wp.w2_mx = w2_mx.as<uint8_t>();
+  wp.w2_mx_scale = w2_mx_scale.as<uint8_t>();
 }
 
 // Fused slot j = gate rows [jI,(j+1)I) and up rows Is+[jI,(j+1)I) of the shared w13, down
@@ -101,9 +147,30 @@ void GpuMoeLayer::Impl::upload(const LayerWeights& w) {
     to_device(corr_bias.ptr, w.correction_bias(), E * sizeof(float));
   }
   const size_t expert13 = static_cast<size_t>(2) * I * H, expert2 = static_cast<size_t>(H) * I;
+  // (MX: one expert in the kernels' layout, reused: from pageable memory a copy has taken the
+  // bytes when it returns)
+  std::vector<uint8_t> mx_w13(mx_experts() ? mx13_bytes() : 0);
+  std::vector<uint8_t> mx_w2(mx_experts() ? mx2_bytes() : 0);
+  std::vector<uint8_t> mx_scales13(mx_experts() ? mx13_scale_bytes() : 0);
+  std::vector<uint8_t> mx_scales2(mx_experts() ? mx2_scale_bytes() : 0);
   for (int e = 0; e < rows_fused(); ++e) {
     const ExpertView v = w.expert(e);
-    if (fp8) {
+    if (mx_experts()) {
+      MK_CHECK(v.mx_format == mx && v.w13_mx != nullptr && v.w13_mx_scale != nullptr &&
+                   v.w2_mx != nullptr && v.w2_mx_scale != nullptr,
+               "expert " << e << " of " << spec.name << " has no " << expert_format_name(mx)
+                         << " weights or scales");
+      mx_tile_rows(mx, true, 2 * I, H, v.w13_mx, mx_w13.data());
+      mx_tile_rows(mx, false, H, I, v.w2_mx, mx_w2.data());
+      to_device(w13_mx.as<uint8_t>() + e * mx13_bytes(), mx_w13.data(), mx13_bytes());
+      to_device(w2_mx.as<uint8_t>() + e * mx2_bytes(), mx_w2.data(), mx2_bytes());
+      mx_tile_scales(mx, true, 2 * I, H, v.w13_mx_scale, mx_scales13.data());
+      mx_tile_scales(mx, false, H, I, v.w2_mx_scale, mx_scales2.data());
+      to_device(w13_mx_scale.as<uint8_t>() + e * mx_scales13.size(), mx_scales13.data(),
+                mx_scales13.size());
+      to_device(w2_mx_scale.as<uint8_t>() + e * mx_scales2.size(), mx_scales2.data(),
+                mx_scales2.size());
+    } else if (fp8) {
       MK_CHECK(v.w13_fp8 != nullptr && v.w13_scale != nullptr && v.w2_fp8 != nullptr &&
                    v.w2_scale != nullptr,
                "expert " << e << " of " << spec.name << " has no fp8 weights or scales");
@@ -126,7 +193,11 @@ void GpuMoeLayer::Impl::upload(const LayerWeights& w) {
                 static_cast<size_t>(H) * sizeof(float));
     }
   }
-  if (has_shared && !fp8) {
+  if (mx_experts()) {
+    to_kernel_order(w13_mx.as<uint8_t>(), w13_mx.bytes, mx, stream);
+    to_kernel_order(w2_mx.as<uint8_t>(), w2_mx.bytes, mx, stream);
+  }
+  if (has_shared && !quantised()) {
     MK_CHECK(w.shared_w13() != nullptr && w.shared_w2() != nullptr,
              "shared expert weights of " << spec.name << " are missing");
     to_device(shared_w13.ptr, w.shared_w13(), shared_w13.bytes);
@@ -153,7 +224,19 @@ void GpuMoeLayer::Impl::fill_random(uint64_t seed) {
     fill_random_f32(router_bias.as<float>(), E, 1, seed, layer, Tensor::RouterBias, -1,
                     rv::kBiasScale, stream);
   }
-  if (fp8) {
+  if (mx_experts()) {
+    // every row (the fused slots too) random codes, one exponent per matrix near weight_scale
+    // over the format's largest element; the byte order is the kernels' by construction
+    const int rows = rows_fused();
+    fill_random_e4m3(w13_mx.as<uint8_t>(), mx13_bytes(), rows, seed, layer, Tensor::ExpertW13, 0,
+                     stream);
+    fill_random_e4m3(w2_mx.as<uint8_t>(), mx2_bytes(), rows, seed, layer, Tensor::ExpertW2, 0,
+                     stream);
+    MK_CUDA_CHECK(cudaMemsetAsync(w13_mx_scale.ptr, random_mx_exponent(mx, rv::weight_scale(H)),
+                                  w13_mx_scale.bytes, stream));
+    MK_CUDA_CHECK(cudaMemsetAsync(w2_mx_scale.ptr, random_mx_exponent(mx, rv::weight_scale(I)),
+                                  w2_mx_scale.bytes, stream));
+  } else if (fp8) {
     // every row (the fused slots too) random codes, every tile weight_scale / 448
     const int rows = rows_fused();
     fill_random_e4m3(w13_fp8.as<uint8_t>(), static_cast<size_t>(2) * I * H, rows, seed, layer,
@@ -173,7 +256,7 @@ void GpuMoeLayer::Impl::fill_random(uint64_t seed) {
                     0, rv::kBiasScale, stream);
     fill_random_f32(b2.as<float>(), H, E, seed, layer, Tensor::ExpertB2, 0, rv::kBiasScale, stream);
   }
-  if (has_shared && !fp8) {
+  if (has_shared && !quantised()) {
     fill_random_bf16(shared_w13.as<__nv_bfloat16>(), static_cast<size_t>(2) * Is * H, 1, seed,
                      layer, Tensor::SharedW13, -1, rv::weight_scale(H), stream);
     fill_random_bf16(shared_w2.as<__nv_bfloat16>(), static_cast<size_t>(H) * Is, 1, seed, layer,

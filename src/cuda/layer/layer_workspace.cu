@@ -113,7 +113,7 @@ bool GpuMoeLayer::Impl::grouped_at_max() const {
   // from a token count on) or it is forced.
   const plan::LayerPlan at_max =
       plan::plan_layer(spec, opt.max_tokens, FuseShared::Auto, opt.overrides, device,
-                       opt.expert_dtype);
+                       opt.expert_dtype, opt.mx_format);
   return at_max.stream == plan::Stream::Grouped;
 }
 
@@ -132,8 +132,8 @@ void GpuMoeLayer::Impl::prepare_kernels() {
   // (the prefill path runs an unfused shared MLP so too).
   const int dense_from = opt.overrides.shared_dense_tokens >= 0 ? opt.overrides.shared_dense_tokens
                                                                 : plan::kSharedDenseTokens;
-  // (fp8: the shared expert runs as fused slots only)
-  if (has_shared && !fp8 && ((dense_from > 0 && dense_from <= opt.max_tokens) || grouped)) {
+  // (fp8 and MX: the shared expert runs as fused slots only)
+  if (has_shared && !quantised() && ((dense_from > 0 && dense_from <= opt.max_tokens) || grouped)) {
     shared_dense = std::make_unique<SharedDenseMlp>(opt.max_tokens, H, Is);
   }
   warm_up_router_gemm(spec, opt.max_tokens, stream);

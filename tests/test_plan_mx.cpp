@@ -1,0 +1,106 @@
+// The layer plan for OCP MX experts (plan_layer's `mx`, docs/decisions/mx_experts.md), host-only:
+// the MX instances in both expert launches at every batch (no register kernels, no prefill
+// path), tasks of 8 tokens, the shared expert fused, no quantisers; what cannot be is an error.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "expect_error.h"
+#include "moekit/plan.h"
+#include "moekit/spec.h"
+#include "plan/expert_kernels.h"
+#include "plan/expert_rules.h"
+
+namespace moekit::plan {
+namespace {
+
+LayerPlan mx_plan(const char* model, int tokens, ExpertFormat f, FuseShared fuse = FuseShared::Auto,
+                  const PlanOverrides& o = {}) {
+  return plan_layer(load_spec(model), tokens, fuse, o, device_profile("sm90"), DType::BF16, f);
+}
+
+std::string kernel_names(const LayerPlan& p) {
+  std::string s;
+  for (const ExpertLaunch& l : p.experts) s += std::string(expert_kernels()[l.kernel].name) + " ";
+  return s;
+}
+
+TEST(PlanMx, EveryBatchRunsTheMxInstancesOnTasksOf8) {
+  for (int tokens : {1, 32, 256, 257, 4096, 16384}) {
+    const LayerPlan gpt = mx_plan("gpt-oss-120b", tokens, ExpertFormat::Mxfp4);
+    EXPECT_EQ(gpt.stream, Stream::Bulk) << tokens;
+    EXPECT_EQ(gpt.chunk, 8) << tokens;
+    EXPECT_EQ(gpt.mx, ExpertFormat::Mxfp4);
+    EXPECT_FALSE(gpt.fused);  // (no shared expert)
+    EXPECT_EQ(kernel_names(gpt), "bulk_gate_up_mxfp4 bulk_down_mxfp4 ") << tokens;
+    EXPECT_EQ(own_launches(gpt), 4) << tokens;  // router, routing, two expert kernels
+    const LayerPlan m3 = mx_plan("minimax-m3", tokens, ExpertFormat::Mxfp8);
+    EXPECT_TRUE(m3.fused) << tokens;
+    EXPECT_EQ(m3.slots, 5) << tokens;  // top-4 + the shared expert's one slot
+    EXPECT_FALSE(m3.dense_shared);
+    EXPECT_EQ(kernel_names(m3), "bulk_gate_up_mxfp8 bulk_down_mxfp8 ") << tokens;
+  }
+  const LayerPlan p = mx_plan("minimax-m3", 32, ExpertFormat::Mxfp8);
+  EXPECT_NE(describe(p).find("mxfp8 w8a16"), std::string::npos) << describe(p);
+  EXPECT_NE(to_json(p).find("\"experts_dtype\":\"MXFP8\""), std::string::npos) << to_json(p);
+  EXPECT_NE(describe(mx_plan("gpt-oss-120b", 1, ExpertFormat::Mxfp4)).find("mxfp4 w4a16"),
+            std::string::npos);
+}
+
+TEST(PlanMx, WhatTheMxInstancesCannotRunIsAnError) {
+  PlanOverrides regs;
+  regs.stream = Stream::Registers;
+  test::expect_error(
+      [&] { mx_plan("gpt-oss-120b", 512, ExpertFormat::Mxfp4, FuseShared::Auto, regs); },
+      {"MX experts run on the bulk kernels, not the regs kernels"});
+  PlanOverrides grouped;
+  grouped.grouped_from_tokens = 1;
+  EXPECT_EQ(mx_plan("gpt-oss-120b", 4096, ExpertFormat::Mxfp4, FuseShared::Auto, grouped).stream,
+            Stream::Bulk);  // (the prefill rule does not apply: no MX prefill path)
+  test::expect_error(
+      [&] { mx_plan("minimax-m3", 8, ExpertFormat::Mxfp8, FuseShared::Off); },
+      {"mxfp8 experts of", "run the shared expert fused", "fusion off was asked for"});
+  test::expect_error(
+      [&] {
+        plan_layer(load_spec("minimax-m3"), 8, FuseShared::Auto, {}, device_profile("sm90"),
+                   DType::F8_E4M3, ExpertFormat::Mxfp8);
+      },
+      {"MX experts are Mxfp8 or Mxfp4 with experts BF16, got mxfp8 with F8_E4M3"});
+  test::expect_error(
+      [&] {
+        plan_layer(load_spec("minimax-m3"), 8, FuseShared::Auto, {}, device_profile("sm90"),
+                   DType::BF16, ExpertFormat::Fp8Block);
+      },
+      {"got fp8 with BF16"});
+}
+
+// select_expert_kernel: the MX ring and the format decide, the other options do not apply.
+TEST(PlanMx, SelectExpertKernelTakesTheFormatsInstance) {
+  auto name = [](const KernelChoice& c) {
+    return std::string(expert_kernels()[select_expert_kernel(c)].name);
+  };
+  EXPECT_EQ(name({.gemm = Gemm::GateUp, .k = 2880, .mx = ExpertFormat::Mxfp4}),
+            "bulk_gate_up_mxfp4");
+  EXPECT_EQ(name({.gemm = Gemm::Down,
+                  .k = 3072,
+                  .l2_keep = true,
+                  .down_tail = true,
+                  .mx = ExpertFormat::Mxfp8}),
+            "bulk_down_mxfp8");
+  ExpertKernel k = expert_kernels()[find_expert_kernel([] {
+    ExpertKernel f;
+    f.gemm = Gemm::Down;
+    f.ring = Ring::MxWeightsOnly;
+    f.mx = ExpertFormat::Mxfp4;
+    return f;
+  }())];
+  EXPECT_EQ(std::string(k.name), "bulk_down_mxfp4");
+  k.down_tail = true;
+  EXPECT_FALSE(legal(k));  // (no MX tail instance)
+  k.down_tail = false;
+  k.ring = Ring::WeightsOnly;
+  EXPECT_FALSE(legal(k));  // (MX only on its ring)
+}
+
+}  // namespace
+}  // namespace moekit::plan
