@@ -13,7 +13,8 @@
 // x 2^-126 (e2m1) as bf16 bits. One bf16 multiply by 2^(s - 127 + 120) (or + 126) then gives the
 // weight, rounded once, whenever that factor is a bf16 normal (s <= 134 for MXFP8, s <= 128 for
 // MXFP4); larger exponents take two multiplies, by 2^120 (2^126), which is exact, then by 2^(s -
-// 127).
+// 127). The consumers choose one path for the whole warp (mma.sync is one instruction of all its
+// lanes).
 #pragma once
 
 #include <cuda_runtime.h>
