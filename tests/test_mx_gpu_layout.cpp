@@ -7,9 +7,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cuda/experts/experts_mx_layout.h"
+#include "moekit/memory_estimate.h"
+#include "moekit/spec.h"
 #include "mx_test_util.h"
 
 namespace moekit {
@@ -106,6 +109,22 @@ TEST(MxGpuLayout, TilesHoldTheItemsRowsChunkByChunk) {
         }
       }
     }
+  }
+}
+
+// The GPU layer's device-memory estimate counts MX experts in their packed bytes and an e8m0
+// byte per 32 elements (and, as fp8, no unfused shared MLP): only the weights differ from bf16's.
+TEST(MxGpuLayout, DeviceBytesCountThePackedExperts) {
+  for (const auto& [model, f] : {std::pair{"gpt-oss-120b", ExpertFormat::Mxfp4},
+                                 std::pair{"minimax-m3", ExpertFormat::Mxfp8}}) {
+    const MoeSpec spec = load_spec(model);
+    const size_t H = spec.hidden, I = spec.expert_intermediate;
+    const size_t rows = spec.num_experts + (spec.can_fuse_shared() ? spec.shared_slots() : 0);
+    const size_t Is = spec.shared_kind != SharedKind::None ? spec.shared_intermediate : 0;
+    const size_t bf16 = gpu_layer_device_bytes(spec, 64, DType::BF16);
+    const size_t mx = gpu_layer_device_bytes(spec, 64, DType::BF16, f);
+    const size_t packed = 3 * I * mx_row_bytes(f, H) + 3 * I * H / kMxGroup;
+    EXPECT_EQ(bf16 - mx, rows * (3 * I * H * 2 - packed) + 3 * Is * H * 2) << model;
   }
 }
 
