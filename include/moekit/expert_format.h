@@ -26,5 +26,11 @@ ExpertFormat parse_expert_format(const std::string& s);  // throws naming s and 
 inline size_t mx_row_bytes(ExpertFormat f, size_t cols) {
   return f == ExpertFormat::Mxfp4 ? cols / 2 : cols;
 }
+// Bytes of an MLP of `width` (gate and up [width, hidden], down [hidden, width]) in an MX format:
+// its 3 width hidden packed elements and one e8m0 byte per 32 of them.
+inline size_t mx_mlp_bytes(ExpertFormat f, size_t width, size_t hidden) {
+  const size_t elements = 3 * width * hidden;
+  return mx_row_bytes(f, elements) + elements / kMxGroup;
+}
 
 }  // namespace moekit

@@ -141,7 +141,7 @@ size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts
   const bool fp8 = experts == DType::F8_E4M3;
   const bool is_mx = mx == ExpertFormat::Mxfp4 || mx == ExpertFormat::Mxfp8;
   // (MX: the packed rows and an e8m0 byte per 32 elements, its scale layout's padding aside)
-  const size_t mx_expert = add(mul(3 * I, mx_row_bytes(mx, H)), mul(3 * I, H / kMxGroup));
+  const size_t mx_expert = is_mx ? mx_mlp_bytes(mx, I, H) : 0;
   w = add(w, mul(rows, fp8 ? spec.fp8_expert_bytes() : is_mx ? mx_expert : spec.expert_bytes()));
   if (spec.has_expert_bias) w = add(w, mul(rows, (2 * I + H) * 4));
   if (!fp8 && !is_mx) w = add(w, mul(mul(3 * Is, H), 2));  // (fp8, MX: no unfused shared MLP)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "moekit/expert_format.h"
 #include "moekit/spec.h"
 
 namespace moekit {
@@ -77,20 +78,19 @@ size_t MoeSpec::fp8_shared_bytes() const {
                                                  static_cast<size_t>(hidden))
                                  : 0;
 }
-// gate, up [I, H] and down [H, I]: 3 I H elements, one e8m0 byte per 32 of them.
-static size_t mx_mlp_bytes(QuantKind kind, size_t width, size_t hidden) {
-  const size_t elements = 3 * width * hidden;
-  if (kind == QuantKind::Mxfp4) return elements / 2 + elements / 32;
-  if (kind == QuantKind::Mxfp8) return elements + elements / 32;
+// The MX byte counts of an MLP of `width` in the config's MX format (0 for other configs).
+static size_t spec_mx_mlp_bytes(QuantKind kind, size_t width, size_t hidden) {
+  if (kind == QuantKind::Mxfp4) return mx_mlp_bytes(ExpertFormat::Mxfp4, width, hidden);
+  if (kind == QuantKind::Mxfp8) return mx_mlp_bytes(ExpertFormat::Mxfp8, width, hidden);
   return 0;
 }
 size_t MoeSpec::mx_expert_bytes() const {
-  return mx_mlp_bytes(quant.kind, static_cast<size_t>(expert_intermediate),
-                      static_cast<size_t>(hidden));
+  return spec_mx_mlp_bytes(quant.kind, static_cast<size_t>(expert_intermediate),
+                           static_cast<size_t>(hidden));
 }
 size_t MoeSpec::mx_shared_bytes() const {
-  return mx_mlp_bytes(quant.kind, static_cast<size_t>(shared_intermediate),
-                      static_cast<size_t>(hidden));
+  return spec_mx_mlp_bytes(quant.kind, static_cast<size_t>(shared_intermediate),
+                           static_cast<size_t>(hidden));
 }
 size_t MoeSpec::router_bytes() const {
   return static_cast<size_t>(router_columns()) * static_cast<size_t>(hidden) *

@@ -97,11 +97,9 @@ MlpBytes mlp_bytes(const MoeSpec& spec, ExpertFormat f) {
       return {static_cast<double>(spec.fp8_expert_bytes()),
               static_cast<double>(spec.fp8_shared_bytes())};
     case ExpertFormat::Mxfp4:
-    case ExpertFormat::Mxfp8: {
-      MoeSpec as = spec;  // (the MX byte counts follow quant.kind)
-      as.quant.kind = f == ExpertFormat::Mxfp4 ? QuantKind::Mxfp4 : QuantKind::Mxfp8;
-      return {static_cast<double>(as.mx_expert_bytes()), static_cast<double>(as.mx_shared_bytes())};
-    }
+    case ExpertFormat::Mxfp8:
+      return {static_cast<double>(mx_mlp_bytes(f, spec.expert_intermediate, spec.hidden)),
+              static_cast<double>(mx_mlp_bytes(f, spec.shared_intermediate, spec.hidden))};
     case ExpertFormat::Bf16:
       break;
   }

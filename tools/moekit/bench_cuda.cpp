@@ -209,9 +209,8 @@ int run_bench_cuda(const BenchOptions& opt) {
   b.trace = opt.trace;
   b.overrides = env_overrides();
   const ExpertFormat format = bench_format(load_spec(opt.model), opt.dtype);
-  b.expert_dtype = format == ExpertFormat::Fp8Block ? DType::F8_E4M3 : DType::BF16;
-  b.mx_format =
-      format == ExpertFormat::Mxfp4 || format == ExpertFormat::Mxfp8 ? format : ExpertFormat::Bf16;
+  b.expert_dtype = gpu_expert_dtype(format);
+  b.mx_format = gpu_mx_format(format);
   const std::vector<cuda::GpuBenchRecord> recs = cuda::bench_layer(b, !opt.json);
   if (!opt.plot.empty()) plot_sweep(recs, opt.plot);
 

@@ -108,4 +108,12 @@ ExpertFormat bench_format(const MoeSpec& spec, const std::string& dtype, const c
   return ExpertFormat::Bf16;
 }
 
+DType gpu_expert_dtype(ExpertFormat f) {
+  return f == ExpertFormat::Fp8Block ? DType::F8_E4M3 : DType::BF16;
+}
+
+ExpertFormat gpu_mx_format(ExpertFormat f) {
+  return f == ExpertFormat::Mxfp4 || f == ExpertFormat::Mxfp8 ? f : ExpertFormat::Bf16;
+}
+
 }  // namespace moekit::cli

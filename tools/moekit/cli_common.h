@@ -46,6 +46,11 @@ std::string human_bytes(double bytes);
 ExpertFormat bench_format(const MoeSpec& spec, const std::string& dtype,
                           const char* command = "bench");
 
+// The GPU layer's (and the plan's) two settings for experts held in format f: expert_dtype
+// (F8_E4M3 for Fp8Block, else BF16) and mx_format (f for Mxfp4 / Mxfp8, else Bf16).
+DType gpu_expert_dtype(ExpertFormat f);
+ExpertFormat gpu_mx_format(ExpertFormat f);
+
 // Max over elements of |a - b| / max(max|b|, tiny): the difference relative to the output's scale
 // (infinity when an element differs by NaN).
 double max_relative_difference(const std::vector<float>& a, const std::vector<float>& b);

@@ -41,9 +41,8 @@ int run_plan(const PlanOptions& o) {
   const plan::DeviceInfo dev = device_info(o.device_info);
   const FuseShared fuse = parse_fuse_shared(o.fuse);
   const ExpertFormat format = bench_format(spec, o.dtype, "plan");
-  const DType experts = format == ExpertFormat::Fp8Block ? DType::F8_E4M3 : DType::BF16;
-  const ExpertFormat mx =
-      format == ExpertFormat::Mxfp4 || format == ExpertFormat::Mxfp8 ? format : ExpertFormat::Bf16;
+  const DType experts = gpu_expert_dtype(format);
+  const ExpertFormat mx = gpu_mx_format(format);
   nlohmann::json plans = nlohmann::json::array();
   for (const int t : parse_token_list(o.batches, "--batch")) {
     const plan::LayerPlan p = plan::plan_layer(spec, t, fuse, env_overrides(), dev, experts, mx);

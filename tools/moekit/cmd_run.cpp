@@ -70,10 +70,6 @@ void run(const RunOptions& options) {
     }
   }();
   const bool keep_fp8 = held == ExpertFormat::Fp8Block;
-  // Without --weights the experts are random in that form: on the CPU the random bf16 weights
-  // quantised as save_checkpoint writes the form (make_random_weights), on the GPU fp8 or MX
-  // codes and scales generated there.
-  const bool keep_mx = held == ExpertFormat::Mxfp4 || held == ExpertFormat::Mxfp8;
   const Fp8Compute fp8_compute = parse_fp8_compute(
       !o.fp8_compute.empty()                   ? o.fp8_compute
       : o.backend == "fast" && device == "cpu" ? "weight-only"
@@ -97,6 +93,9 @@ void run(const RunOptions& options) {
   const std::vector<Bf16> x = o.input.empty() ? random_input(spec, o.tokens, o.seed) : input_x;
   // Random weights on the GPU are generated there (bit-identical to the host generator), so a
   // 22.6 GB DeepSeek-V3 layer never passes through host memory.
+  // Without --weights the experts are random in that form: on the CPU the random bf16 weights
+  // quantised as save_checkpoint writes the form (make_random_weights), on the GPU fp8 or MX
+  // codes and scales generated there.
   std::unique_ptr<LayerWeights> weights;
   std::unique_ptr<cuda::GpuMoeLayer> gpu_layer;
   std::string origin;
@@ -104,8 +103,8 @@ void run(const RunOptions& options) {
     cuda::GpuLayerOptions opt;
     opt.max_tokens = o.tokens;
     opt.overrides = env_overrides();
-    opt.expert_dtype = keep_fp8 ? DType::F8_E4M3 : DType::BF16;
-    opt.mx_format = keep_mx ? held : ExpertFormat::Bf16;
+    opt.expert_dtype = gpu_expert_dtype(held);
+    opt.mx_format = gpu_mx_format(held);
     gpu_layer = cuda::GpuMoeLayer::create_random(spec, layer, o.seed, opt);
     origin = "random seed " + std::to_string(o.seed) + " (generated on the GPU)";
   } else {

@@ -28,7 +28,6 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
 #include "cuda/common/trace.cuh"
-#include "cuda/experts/experts_mx_layout.h"
 #include "cuda/layer/random_fill.h"
 #include "moekit/cuda_layer.h"
 #include "moekit/error.h"
@@ -279,17 +278,15 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
     if ((opt.fuse != FuseShared::On || !can_fuse) && !(quantised && has_shared)) {
       modes.push_back(false);
     }
-    // the bytes of an expert (or the shared MLP) of width w in the layer's format
-    auto mlp_bytes = [&](size_t w, size_t bf16_bytes, size_t fp8_bytes) {
-      const size_t elements = 3 * w * spec.hidden;
-      return mx    ? elements / mx_elems_per_byte(opt.mx_format) + elements / kMxGroup
-             : fp8 ? fp8_bytes
-                   : bf16_bytes;
-    };
-    const double expert_bytes = static_cast<double>(
-        mlp_bytes(spec.expert_intermediate, spec.expert_bytes(), spec.fp8_expert_bytes()));
-    const double shared_bytes = static_cast<double>(
-        mlp_bytes(spec.shared_intermediate, spec.shared_bytes(), spec.fp8_shared_bytes()));
+    // the bytes of an expert and of the shared MLP in the layer's format
+    const double expert_bytes =
+        static_cast<double>(mx ? mx_mlp_bytes(opt.mx_format, spec.expert_intermediate, spec.hidden)
+                            : fp8 ? spec.fp8_expert_bytes()
+                                  : spec.expert_bytes());
+    const double shared_bytes =
+        static_cast<double>(mx ? mx_mlp_bytes(opt.mx_format, spec.shared_intermediate, spec.hidden)
+                            : fp8 ? spec.fp8_shared_bytes()
+                                  : spec.shared_bytes());
 
     for (const int batch : opt.batches) {
       std::vector<GpuBenchRecord> recs;

@@ -134,6 +134,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
                     (!kMxOn || (kNT == 1 && !kFp8 && !kSplitRows && !kKeep && !kTail && !kHalves &&
                                 !kSelfRoute)),
                 "kMx: the MX ring's, one n-tile, no other option");
+  static_assert(!kMxOn || BulkShape<kNT, kRing>::kChunkBlocks * 128 == kMxChunkBytes,
+                "kMx: the ring's chunk is the layout's (experts_mx_layout.h)");
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   // whether an item (its record's `down` flag) is a down item: fixed by the mode
