@@ -128,8 +128,8 @@ void run(const RunOptions& options) {
                       {"weights", origin}});
   // The other fusion mode, on the same backend, for the fused-vs-unfused agreement check.
   double fused_vs_unfused = -1.0;
-  // (fp8 on the GPU: the shared expert runs fused only)
-  if (spec.can_fuse_shared() && !(keep_fp8 && device == "cuda")) {
+  // (fp8 and MX on the GPU: the shared expert runs fused only)
+  if (spec.can_fuse_shared() && !(held != ExpertFormat::Bf16 && device == "cuda")) {
     const ForwardResult other = forward(r.fused ? FuseShared::Off : FuseShared::On);
     check_finite_output(other.y, spec.hidden, std::string("the forward (shared expert ") +
                                                   (other.fused ? "fused)" : "unfused)"));
