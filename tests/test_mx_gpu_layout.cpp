@@ -14,6 +14,7 @@
 #include "moekit/memory_estimate.h"
 #include "moekit/spec.h"
 #include "mx_test_util.h"
+#include "plan/expert_rules.h"
 
 namespace moekit {
 namespace {
@@ -125,6 +126,14 @@ TEST(MxGpuLayout, DeviceBytesCountThePackedExperts) {
     const size_t mx = gpu_layer_device_bytes(spec, 64, DType::BF16, f);
     const size_t packed = 3 * I * mx_row_bytes(f, H) + 3 * I * H / kMxGroup;
     EXPECT_EQ(bf16 - mx, rows * (3 * I * H * 2 - packed) + 3 * Is * H * 2) << model;
+    // at 4096 tokens the prefill path runs, and MX widens a run of experts to bf16 beside it
+    const size_t chunk = static_cast<size_t>(plan::experts_grouped_mx_chunk(
+        static_cast<int>(rows), static_cast<int>(H), static_cast<int>(I), -1));
+    EXPECT_GE(chunk, 1u) << model;
+    EXPECT_EQ(gpu_layer_device_bytes(spec, 4096, DType::BF16) + chunk * 2 * I * H * 2 -
+                  gpu_layer_device_bytes(spec, 4096, DType::BF16, f),
+              rows * (3 * I * H * 2 - packed) + 3 * Is * H * 2)
+        << model;
   }
 }
 

@@ -1,6 +1,7 @@
 // The layer plan for OCP MX experts (plan_layer's `mx`, docs/decisions/mx_experts.md), host-only:
-// the MX instances in both expert launches at every batch (no register kernels, no prefill
-// path), tasks of 8 tokens, the shared expert fused, no quantisers; what cannot be is an error.
+// the MX instances in both expert launches on tasks of 8 tokens (no register kernels) up to the
+// prefill rule, the prefill path from it (its GEMMs in runs of widened experts), the shared
+// expert fused, no quantisers; what cannot be is an error.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -25,8 +26,9 @@ std::string kernel_names(const LayerPlan& p) {
   return s;
 }
 
-TEST(PlanMx, EveryBatchRunsTheMxInstancesOnTasksOf8) {
-  for (int tokens : {1, 32, 256, 257, 4096, 16384}) {
+TEST(PlanMx, DecodeBatchesRunTheMxInstancesOnTasksOf8) {
+  // (the MX prefill rule: from 768 tokens for 128 experts of top-4)
+  for (int tokens : {1, 32, 128, 767}) {
     const LayerPlan gpt = mx_plan("gpt-oss-120b", tokens, ExpertFormat::Mxfp4);
     EXPECT_EQ(gpt.stream, Stream::Bulk) << tokens;
     EXPECT_EQ(gpt.chunk, 8) << tokens;
@@ -47,16 +49,62 @@ TEST(PlanMx, EveryBatchRunsTheMxInstancesOnTasksOf8) {
             std::string::npos);
 }
 
+// From the prefill rule on, the prefill path: both GEMMs in runs of experts widened to bf16
+// (as many as kMxWidenBytes of gate/up matrices hold), the shared expert a fused group.
+TEST(PlanMx, PrefillBatchesWidenRunsOfExperts) {
+  for (int tokens : {768, 1024, 16384}) {
+    const LayerPlan gpt = mx_plan("gpt-oss-120b", tokens, ExpertFormat::Mxfp4);
+    EXPECT_EQ(gpt.stream, Stream::Grouped) << tokens;
+    // gate/up [5760, 2880] in bf16: 33 MB, so 16 experts in 512 MiB, 8 runs of 128
+    EXPECT_EQ(gpt.grouped_mx_chunk, 16) << tokens;
+    EXPECT_EQ(gpt.grouped_mx_runs, 8) << tokens;
+    EXPECT_TRUE(gpt.experts.empty());
+    EXPECT_EQ(own_launches(gpt), 2 + 4 + 4 * 8) << tokens;  // router, routing; 4; 4 per run
+    const LayerPlan m3 = mx_plan("minimax-m3", tokens, ExpertFormat::Mxfp8);
+    EXPECT_EQ(m3.stream, Stream::Grouped) << tokens;
+    EXPECT_TRUE(m3.fused) << tokens;
+    EXPECT_FALSE(m3.dense_shared);
+    // [6144, 6144] in bf16: 75.5 MB, so 7 experts in 512 MiB, 19 runs of 128 + 1 shared
+    EXPECT_EQ(m3.grouped_mx_chunk, 7) << tokens;
+    EXPECT_EQ(m3.grouped_mx_runs, 19) << tokens;
+  }
+  PlanOverrides o;
+  o.grouped_mx_chunk = 5;
+  const LayerPlan p = mx_plan("minimax-m3", 1024, ExpertFormat::Mxfp8, FuseShared::Auto, o);
+  EXPECT_EQ(p.grouped_mx_chunk, 5);
+  EXPECT_EQ(p.grouped_mx_runs, 26);  // 129 rows
+  EXPECT_NE(describe(p).find("widen    mxfp8 experts to bf16, 5 at a time (26 runs"),
+            std::string::npos)
+      << describe(p);
+  EXPECT_NE(to_json(p).find("\"grouped_mx_chunk\":5"), std::string::npos) << to_json(p);
+  o.grouped_mx_chunk = 1000;
+  EXPECT_EQ(mx_plan("minimax-m3", 1024, ExpertFormat::Mxfp8, FuseShared::Auto, o).grouped_mx_chunk,
+            129);  // (at most the rows)
+  PlanOverrides bulk;
+  bulk.stream = Stream::Bulk;
+  const LayerPlan forced =
+      mx_plan("gpt-oss-120b", 4096, ExpertFormat::Mxfp4, FuseShared::Auto, bulk);
+  EXPECT_EQ(kernel_names(forced), "bulk_gate_up_mxfp4 bulk_down_mxfp4 ");
+  EXPECT_EQ(forced.grouped_mx_chunk, 0);
+  PlanOverrides grouped;
+  grouped.stream = Stream::Grouped;
+  EXPECT_EQ(mx_plan("gpt-oss-120b", 1, ExpertFormat::Mxfp4, FuseShared::Auto, grouped).stream,
+            Stream::Grouped);
+  EXPECT_EQ(mx_plan("gpt-oss-120b", 767, ExpertFormat::Mxfp4).grouped_mx_chunk, 0);
+  PlanOverrides from;
+  from.grouped_from_tokens = 100;
+  EXPECT_EQ(mx_plan("gpt-oss-120b", 100, ExpertFormat::Mxfp4, FuseShared::Auto, from).stream,
+            Stream::Grouped);
+  EXPECT_EQ(mx_plan("gpt-oss-120b", 99, ExpertFormat::Mxfp4, FuseShared::Auto, from).stream,
+            Stream::Bulk);
+}
+
 TEST(PlanMx, WhatTheMxInstancesCannotRunIsAnError) {
   PlanOverrides regs;
   regs.stream = Stream::Registers;
   test::expect_error(
       [&] { mx_plan("gpt-oss-120b", 512, ExpertFormat::Mxfp4, FuseShared::Auto, regs); },
-      {"MX experts run on the bulk kernels, not the regs kernels"});
-  PlanOverrides grouped;
-  grouped.grouped_from_tokens = 1;
-  EXPECT_EQ(mx_plan("gpt-oss-120b", 4096, ExpertFormat::Mxfp4, FuseShared::Auto, grouped).stream,
-            Stream::Bulk);  // (the prefill rule does not apply: no MX prefill path)
+      {"MX experts run on the bulk kernels or the prefill path, not the regs kernels"});
   test::expect_error(
       [&] { mx_plan("minimax-m3", 8, ExpertFormat::Mxfp8, FuseShared::Off); },
       {"mxfp8 experts of", "run the shared expert fused", "fusion off was asked for"});

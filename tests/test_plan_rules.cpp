@@ -189,6 +189,21 @@ TEST(PlanRules, GroupedPathFrom64TokensAnd4RoutedTokensPerExpertUnlessForced) {
   EXPECT_FALSE(experts_grouped_path(16384, 8, 256, 0));  // 0: never
 }
 
+// docs/decisions/mx_experts.md: the MX prefill path from 24 routed tokens per expert; its runs
+// of widened experts by the bytes of their bf16 gate/up matrices
+TEST(PlanRules, MxGroupedPathFrom24RoutedTokensPerExpertInRunsOfHalfAGibibyte) {
+  EXPECT_FALSE(experts_grouped_path_mx(767, 4, 128, -1));  // gpt-oss-120b
+  EXPECT_TRUE(experts_grouped_path_mx(768, 4, 128, -1));
+  EXPECT_TRUE(experts_grouped_path_mx(48, 8, 16, -1));  // (no floor of 64 tokens)
+  EXPECT_TRUE(experts_grouped_path_mx(1, 4, 128, 1));
+  EXPECT_FALSE(experts_grouped_path_mx(1 << 20, 4, 128, 0));
+  EXPECT_EQ(experts_grouped_mx_chunk(128, 2880, 2880, -1), 16);   // 33 MB each
+  EXPECT_EQ(experts_grouped_mx_chunk(129, 6144, 3072, -1), 7);    // 75.5 MB each
+  EXPECT_EQ(experts_grouped_mx_chunk(129, 16384, 16384, -1), 1);  // 1 GiB each: one at a time
+  EXPECT_EQ(experts_grouped_mx_chunk(5, 64, 64, -1), 5);          // at most the rows
+  EXPECT_EQ(experts_grouped_mx_chunk(129, 6144, 3072, 40), 40);
+}
+
 // docs/decisions/experts_grouped_tile.md
 TEST(PlanRules, GroupedPaddedRowsBoundTheRealRowsAndShrinkWithTheTile) {
   struct Shape {

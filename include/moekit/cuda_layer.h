@@ -45,9 +45,10 @@ struct GpuLayerOptions {
   // create_random() generates e4m3 codes and tile scales on the GPU.
   DType expert_dtype = DType::BF16;
   // Mxfp4 / Mxfp8: the layer holds OCP MX experts (packed, an e8m0 byte per 32 inputs), computed
-  // W4A16 / W8A16 by the MX instances at every batch (the shared expert fused; expert_dtype
-  // BF16). create() takes it from the LayerWeights (this must be Bf16 or agree); create_random()
-  // generates packed codes and exponents on the GPU. Bf16: not MX.
+  // W4A16 / W8A16 by the MX instances, or on the prefill path by the bf16 GEMMs on runs of
+  // experts widened to bf16 (the shared expert fused; expert_dtype BF16). create() takes it from
+  // the LayerWeights (this must be Bf16 or agree); create_random() generates packed codes and
+  // exponents on the GPU. Bf16: not MX.
   ExpertFormat mx_format = ExpertFormat::Bf16;
 };
 

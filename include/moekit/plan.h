@@ -115,6 +115,7 @@ struct PlanOverrides {
   std::optional<Stream> stream;   // MOEKIT_EXPERTS_KERNEL: one kernel family at every batch
   int grouped_from_tokens = -1;   // MOEKIT_EXPERTS_GROUPED_FROM: the prefill path from N (0: never)
   int grouped_tile_m = -1;        // MOEKIT_EXPERTS_GROUPED_TILE: its GEMMs' tile rows, 128 or 64
+  int grouped_mx_chunk = -1;      // MOEKIT_EXPERTS_MX_CHUNK: MX experts it widens at a time (>= 1)
   int gate_up_tail_percent = -1;  // MOEKIT_EXPERTS_TAIL: the gate/up kernel's dynamic tail
   int shared_first_tokens = -1;   // MOEKIT_EXPERTS_SHARED_FIRST (0: never)
   int whole_tile_tokens = -1;     // MOEKIT_EXPERTS_WHOLE_TILES (0: never)
@@ -166,6 +167,8 @@ struct LayerPlan {
   bool dense_shared = false;   // the unfused shared MLP as dense cuBLAS GEMMs (before the router)
   std::vector<ExpertLaunch> experts;  // in launch order (empty on the prefill path)
   int grouped_tile_m = 0;  // the prefill path's GEMM tile rows (128 or 64); 0 off that path
+  int grouped_mx_chunk = 0;  // MX on the prefill path: experts widened to bf16 at a time
+  int grouped_mx_runs = 0;   // and the runs of each GEMM (ceil(weight rows / chunk)); else 0
   bool fp8 = false;        // fp8 block-scale experts, computed W8A8 (the fp8 instances)
   ExpertFormat mx = ExpertFormat::Bf16;  // Mxfp8 / Mxfp4: MX experts (the MX instances)
   bool pdl = true;
@@ -175,8 +178,8 @@ struct LayerPlan {
 // cannot fuse). Validates nothing about the spec beyond what a choice needs (the layer does).
 // `experts`: the dtype the layer holds its experts in, BF16 or F8_E4M3 (fp8 block-scale: the
 // fp8 instances, the shared expert fused; throws where that cannot be). `mx`: Mxfp8 / Mxfp4
-// when the layer holds MX experts (with experts BF16): the MX instances at every batch, tasks of
-// 8 tokens, the shared expert fused; Bf16 otherwise.
+// when the layer holds MX experts (with experts BF16): the MX instances (tasks of 8 tokens) or
+// the prefill path (its runs of widened experts), the shared expert fused; Bf16 otherwise.
 LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
                      const PlanOverrides& overrides, const DeviceInfo& device,
                      DType experts = DType::BF16, ExpertFormat mx = ExpertFormat::Bf16);

@@ -12,6 +12,7 @@
 #include "io/mem_available.h"
 #include "moekit/error.h"
 #include "moekit/weights.h"
+#include "plan/expert_rules.h"
 
 namespace moekit {
 namespace {
@@ -157,8 +158,18 @@ size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts
   // (fp8: x and h in e4m3 with their scales beside them)
   const size_t decode = add(mul(pairs, I * 2 + H * 4 + (fp8 ? I + I / 32 : 0)),
                             fp8 ? mul(T, H + H / 32) : 0);
-  const size_t prefill = add(mul(pairs, 8 + H * 2 + 2 * I * 2 + I * 2 + H * 2),
-                             add(mul(rows, 2 * 60), size_t{4} << 20));
+  // (MX on the prefill path: a run of experts widened to bf16, the plan's default run)
+  const bool mx_widens =
+      is_mx && plan::experts_grouped_path_mx(static_cast<int>(std::min<size_t>(T, 1 << 30)),
+                                             spec.top_k, static_cast<int>(E), -1);
+  const size_t mx_widened =
+      mx_widens ? mul(static_cast<size_t>(plan::experts_grouped_mx_chunk(
+                          static_cast<int>(rows), static_cast<int>(H), static_cast<int>(I), -1)),
+                      2 * I * H * 2)
+                : 0;
+  const size_t prefill = add(add(mul(pairs, 8 + H * 2 + 2 * I * 2 + I * 2 + H * 2),
+                                 add(mul(rows, 2 * 60), size_t{4} << 20)),
+                             mx_widened);
   ws = add(ws, std::max(decode, prefill));
   if (Is > 0) ws = add(ws, mul(T, Is * 2 + H * 4));
   ws = add(ws, mul(T, H * 2 * 2));               // x_in, y_out bf16

@@ -1,6 +1,7 @@
 // The plan's rules (expert_rules.h). Thresholds and their reasons: docs/decisions/<rule>.md.
 #include "plan/expert_rules.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "moekit/error.h"
@@ -46,6 +47,22 @@ int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots,
   const double rows128 = experts_grouped_padded_rows(tokens, top_k, experts, shared_slots, 128);
   const double rows64 = experts_grouped_padded_rows(tokens, top_k, experts, shared_slots, 64);
   return rows64 * kGroupedTile64RowCost < rows128 ? 64 : 128;
+}
+
+bool experts_grouped_path_mx(int tokens, int top_k, int experts, int setting) {
+  if (setting >= 0) return setting > 0 && tokens >= setting;
+  // why 24 per expert: the MX instances' time grows with the tokens, the widening's does not;
+  // measured, they cross between 16 and 32 routed tokens per expert for both formats
+  constexpr int kFromTokensPerExpert = 24;
+  return static_cast<long long>(tokens) * top_k >=
+         static_cast<long long>(kFromTokensPerExpert) * experts;
+}
+
+int experts_grouped_mx_chunk(int rows, int hidden, int inter, int setting) {
+  MK_CHECK(rows >= 1, "experts_grouped_mx_chunk: expected rows >= 1, got " << rows);
+  if (setting >= 1) return std::min(setting, rows);
+  const long long matrix = 2LL * inter * hidden * 2;  // bf16 [2I, H]
+  return static_cast<int>(std::clamp<long long>(kMxWidenBytes / matrix, 1, rows));
 }
 
 bool experts_task16_ring(int tokens, int top_k, int experts, int setting) {

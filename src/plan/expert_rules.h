@@ -18,6 +18,7 @@ constexpr int kSelfRouteTokens = 1;     // docs/decisions/experts_self_route.md
 constexpr int kSharedDenseTokens = 8;   // docs/decisions/shared_dense.md
 constexpr int kBlockK = 64;             // the expert kernels' k block (elements)
 constexpr double kGroupedTile64RowCost = 1.07;  // docs/decisions/experts_grouped_tile.md
+constexpr long long kMxWidenBytes = 512LL << 20;  // docs/decisions/mx_experts.md
 
 // Tokens per task below tasks of 16 through the ring of weights only: 8 up to 256 tokens, else 16.
 int experts_chunk(int tokens);
@@ -32,6 +33,12 @@ Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16);
 // tokens (tokens x top_k >= 4 x experts) (docs/decisions/experts_grouped_path.md).
 bool experts_grouped_path(int tokens, int top_k, int experts, int setting);
 
+// The same for MX experts, whose prefill path first widens every expert with rows to bf16: from
+// `setting` tokens when >= 0 (0: never), else while experts average at least 24 routed tokens
+// (tokens x top_k >= 24 x experts), where it overtakes the MX instances (docs/decisions/
+// mx_experts.md).
+bool experts_grouped_path_mx(int tokens, int top_k, int experts, int setting);
+
 // The prefill path's tile rows, 128 or 64: `setting` when 128 or 64, else the one with the
 // smaller expected padded work. The routed experts' rows are taken as Poisson of mean
 // tokens x top_k / experts (each expert's last m-tile pads to the tile), the fused shared slots
@@ -41,6 +48,11 @@ int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots,
 // The expected rows a grouped GEMM computes with tiles of `tile_m` rows (the model above).
 double experts_grouped_padded_rows(int tokens, int top_k, int experts, int shared_slots,
                                    int tile_m);
+
+// The MX experts the prefill path widens to bf16 at a time: `setting` when >= 1, else as many as
+// kMxWidenBytes of bf16 gate/up matrices ([2I, H]) hold, at least 1, at most `rows` (the weight
+// rows) (docs/decisions/mx_experts.md).
+int experts_grouped_mx_chunk(int rows, int hidden, int inter, int setting);
 
 // Whether the bulk kernels run tasks of up to 16 tokens through the ring of weights only, so that
 // an expert of 9-16 tokens streams its weights once: from 9 tokens and `from` (setting, else 8)

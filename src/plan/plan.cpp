@@ -55,22 +55,19 @@ struct Shapes {
 
 Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, int tokens, bool fp8,
                  bool mx) {
-  if (mx) {
-    // MX: the bulk MX instances at every batch (no register instances, no MX prefill path)
-    MK_CHECK(!o.stream || *o.stream == Stream::Bulk, "MX experts run on the bulk kernels, not the "
-                                                         << stream_name(*o.stream)
-                                                         << " kernels (MOEKIT_EXPERTS_KERNEL)");
-    return Stream::Bulk;
-  }
   if (o.stream) {
-    MK_CHECK(!fp8 || *o.stream == Stream::Bulk || *o.stream == Stream::Grouped,
-             "fp8 experts run on the bulk kernels or the prefill path, not the "
-                 << stream_name(*o.stream) << " kernels (MOEKIT_EXPERTS_KERNEL)");
+    MK_CHECK(
+        (!fp8 && !mx) || *o.stream == Stream::Bulk || *o.stream == Stream::Grouped,
+        (fp8 ? "fp8" : "MX") << " experts run on the bulk kernels or the prefill path, not the "
+                             << stream_name(*o.stream) << " kernels (MOEKIT_EXPERTS_KERNEL)");
     return *o.stream;
   }
-  if (experts_grouped_path(tokens, sh.K, sh.E, o.grouped_from_tokens)) return Stream::Grouped;
-  // fp8: the bulk kernels wherever the prefill path does not run (no register instances)
-  if (fp8) return Stream::Bulk;
+  if (mx ? experts_grouped_path_mx(tokens, sh.K, sh.E, o.grouped_from_tokens)
+         : experts_grouped_path(tokens, sh.K, sh.E, o.grouped_from_tokens)) {
+    return Stream::Grouped;
+  }
+  // fp8, MX: the bulk kernels wherever the prefill path does not run (no register instances)
+  if (fp8 || mx) return Stream::Bulk;
   return experts_stream_default(sh.H, tokens, experts_task16_ring(tokens, sh.K, sh.E, st.task16));
 }
 
@@ -189,6 +186,11 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
     p.dense_shared = sh.has_shared && !p.fused;
     p.routing_dispatch = false;
     p.grouped_tile_m = experts_grouped_tile_m(tokens, sh.K, sh.E, s_run, overrides.grouped_tile_m);
+    if (mx) {
+      const int rows = sh.E + s_run;
+      p.grouped_mx_chunk = experts_grouped_mx_chunk(rows, sh.H, sh.I, overrides.grouped_mx_chunk);
+      p.grouped_mx_runs = (rows + p.grouped_mx_chunk - 1) / p.grouped_mx_chunk;
+    }
     p.router = tuning::choose_router_gemm(device.arch, spec.router_dtype, sh.H,
                                           spec.router_columns(), tokens);
     return p;
@@ -325,8 +327,10 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
 
 int own_launches(const LayerPlan& p) {
   constexpr int kGroupedPathLaunches = 6;  // plan, permute, 2 GEMMs, activation, combine
-  const int experts =
-      p.stream == Stream::Grouped ? kGroupedPathLaunches : static_cast<int>(p.experts.size());
+  // (MX: each GEMM in runs, a widening and a GEMM each)
+  const int experts = p.stream != Stream::Grouped ? static_cast<int>(p.experts.size())
+                      : p.grouped_mx_runs > 0     ? kGroupedPathLaunches - 2 + 4 * p.grouped_mx_runs
+                                                  : kGroupedPathLaunches;
   // (fp8 on the bulk kernels: x and h quantised to e4m3 by a kernel each)
   const int quantisers = p.fp8 && p.stream == Stream::Bulk ? 2 : 0;
   return 1 + (p.routing_kernel ? 1 : 0) + experts + quantisers;

@@ -127,6 +127,8 @@ PlanOverrides plan_overrides_from_env(PlanOverrides o) {
   o.grouped_tile_m = env_int("MOEKIT_EXPERTS_GROUPED_TILE", o.grouped_tile_m, 64, 128, "64 or 128");
   MK_CHECK(o.grouped_tile_m == -1 || o.grouped_tile_m == 64 || o.grouped_tile_m == 128,
            "MOEKIT_EXPERTS_GROUPED_TILE=" << o.grouped_tile_m << " (expected 64 or 128)");
+  o.grouped_mx_chunk =
+      env_int("MOEKIT_EXPERTS_MX_CHUNK", o.grouped_mx_chunk, 1, kMaxCount, "an expert count, >= 1");
   o.gate_up_tail_percent = env_int("MOEKIT_EXPERTS_TAIL", o.gate_up_tail_percent, 0, 100, kPercent);
   o.shared_first_tokens =
       env_int("MOEKIT_EXPERTS_SHARED_FIRST", o.shared_first_tokens, 0, kMaxCount, kTokens);
@@ -196,6 +198,10 @@ std::string describe(const LayerPlan& p) {
   if (p.stream == Stream::Grouped) {
     os << "  experts  grouped GEMM path (tile " << p.grouped_tile_m << "x256): plan, permute, "
        << "gate/up grouped GEMM, activation, down grouped GEMM, combine\n";
+    if (p.grouped_mx_chunk > 0) {
+      os << "  widen    " << expert_format_name(p.mx) << " experts to bf16, " << p.grouped_mx_chunk
+         << " at a time (" << p.grouped_mx_runs << " runs before each GEMM's groups)\n";
+    }
   }
   for (const ExpertLaunch& l : p.experts) {
     std::string role = l.role;
@@ -244,6 +250,10 @@ std::string to_json(const LayerPlan& p) {
   j["routing_dispatch"] = p.routing_dispatch;
   j["dense_shared"] = p.dense_shared;
   if (p.stream == Stream::Grouped) j["grouped_tile_m"] = p.grouped_tile_m;
+  if (p.grouped_mx_chunk > 0) {
+    j["grouped_mx_chunk"] = p.grouped_mx_chunk;
+    j["grouped_mx_runs"] = p.grouped_mx_runs;
+  }
   nlohmann::ordered_json experts = nlohmann::ordered_json::array();
   for (const ExpertLaunch& l : p.experts) {
     experts.push_back({{"role", l.role},

@@ -1,11 +1,12 @@
 // The GPU layer on OCP MX experts (GpuLayerOptions::mx_format Mxfp4 / Mxfp8: W4A16 / W8A16 on
-// the bulk kernels' MX instances): tiny MX checkpoints in the real tensor names (written by the
-// project's writer, tests/mx_test_util.h), loaded packed, run on the GPU and compared with the
-// CPU reference on the same bytes (which dequantises exactly, then runs the bf16 math): rows of
-// one partial k block, of several chunks with a partial last block, MiniMax-M3's fused shared
-// expert against the reference's unfused one, exponents past the one-multiply range; CUDA-graph
-// replay; the random MX layers of the bench; and the errors of what the MX layer cannot run.
-// GpuMxSmall.* runs under scripts/gpu_check.sh's sanitizers.
+// the bulk kernels' MX instances, or the prefill path on experts widened to bf16): tiny MX
+// checkpoints in the real tensor names (written by the project's writer, tests/mx_test_util.h),
+// loaded packed, run on the GPU and compared with the CPU reference on the same bytes (which
+// dequantises exactly, then runs the bf16 math): rows of one partial k block, of several chunks
+// with a partial last block, MiniMax-M3's fused shared expert against the reference's unfused one,
+// exponents past the one-multiply range; CUDA-graph replay; the random MX layers of the bench; and
+// the errors of what the MX layer cannot run. GpuMxSmall.* runs under scripts/gpu_check.sh's
+// sanitizers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -62,35 +63,49 @@ const MxCase kCases[] = {{"gpt-oss-120b", ExpertFormat::Mxfp4, 320, 192, 16, 0},
                          {"minimax-m3", ExpertFormat::Mxfp8, 384, 192, 16, 1},
                          {"minimax-m3", ExpertFormat::Mxfp8, 2112, 256, 8, 1}};
 
-// One token, tasks of 8, many tasks per expert (100 tokens over 8-16 experts); the GPU's fused
-// shared expert against the reference's unfused shared MLP.
+// The options of a layer on the bulk MX kernels at every batch, or on the prefill path at every
+// batch in runs of 3 experts (not dividing the 16 or 17 weight rows).
+cuda::GpuLayerOptions path_options(int max_tokens, bool prefill) {
+  cuda::GpuLayerOptions opt = base_options(max_tokens);
+  opt.overrides.stream = prefill ? plan::Stream::Grouped : plan::Stream::Bulk;
+  if (prefill) opt.overrides.grouped_mx_chunk = 3;
+  return opt;
+}
+
+// Both paths: one token, tasks of 8, many tasks per expert (100 tokens over 8-16 experts) on the
+// bulk kernels; the prefill path at the same batches; the GPU's fused shared expert against the
+// reference's unfused shared MLP.
 TEST(GpuMx, ForwardMatchesTheCpuReference) {
   SKIP_WITHOUT_GPU();
   for (const MxCase& c : kCases) {
     const MoeSpec spec = case_spec(c);
     const auto w = mx_layer(spec, c.format, 7, "mx-forward");
     ASSERT_EQ(w->expert_format(), c.format);
-    const auto gpu = cuda::GpuMoeLayer::create(*w, base_options(100));
-    for (int tokens : {1, 5, 8, 40, 100}) {
-      std::ostringstream what;
-      what << spec.name << " " << expert_format_name(c.format) << " H=" << c.hidden
-           << " I=" << c.inter << " T=" << tokens;
-      const plan::LayerPlan p = gpu->plan(tokens, FuseShared::Auto);
-      EXPECT_EQ(p.mx, c.format) << what.str();
-      for (const std::string& name : plan_kernel_names(p)) {
-        EXPECT_NE(name.find(expert_format_name(c.format)), std::string::npos) << what.str();
-      }
-      const std::vector<Bf16> x = random_x(tokens, spec.hidden, 11 + tokens);
-      const ForwardResult g = gpu->forward(x.data(), tokens, FuseShared::Auto);
-      expect_routing_matches_cpu(spec, *w, gpu->last_logits(tokens), g, what.str());
-      expect_layer_matches(spec, tokens, g,
-                           cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto),
-                           what.str());
-      if (c.shared_slots > 0) {
-        // (the routings differ in their slots: y alone, by norm)
-        const ForwardResult off = cpu_reference::forward(*w, x.data(), tokens, FuseShared::Off);
-        const Diff d = compare_rows(g.y, off.y, spec.hidden, std::vector<bool>(tokens, true));
-        EXPECT_LE(d.rel_norm, 5e-3) << what.str() << " against the reference unfused";
+    for (const bool prefill : {false, true}) {
+      const auto gpu = cuda::GpuMoeLayer::create(*w, path_options(100, prefill));
+      for (int tokens : {1, 5, 8, 40, 100}) {
+        std::ostringstream what;
+        what << spec.name << " " << expert_format_name(c.format) << " H=" << c.hidden
+             << " I=" << c.inter << " T=" << tokens << (prefill ? " prefill" : " bulk");
+        const plan::LayerPlan p = gpu->plan(tokens, FuseShared::Auto);
+        EXPECT_EQ(p.mx, c.format) << what.str();
+        EXPECT_EQ(p.stream, prefill ? plan::Stream::Grouped : plan::Stream::Bulk) << what.str();
+        EXPECT_EQ(p.grouped_mx_chunk, prefill ? 3 : 0) << what.str();
+        for (const std::string& name : plan_kernel_names(p)) {
+          EXPECT_NE(name.find(expert_format_name(c.format)), std::string::npos) << what.str();
+        }
+        const std::vector<Bf16> x = random_x(tokens, spec.hidden, 11 + tokens);
+        const ForwardResult g = gpu->forward(x.data(), tokens, FuseShared::Auto);
+        expect_routing_matches_cpu(spec, *w, gpu->last_logits(tokens), g, what.str());
+        expect_layer_matches(spec, tokens, g,
+                             cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto),
+                             what.str());
+        if (c.shared_slots > 0) {
+          // (the routings differ in their slots: y alone, by norm)
+          const ForwardResult off = cpu_reference::forward(*w, x.data(), tokens, FuseShared::Off);
+          const Diff d = compare_rows(g.y, off.y, spec.hidden, std::vector<bool>(tokens, true));
+          EXPECT_LE(d.rel_norm, 5e-3) << what.str() << " against the reference unfused";
+        }
       }
     }
   }
@@ -137,31 +152,38 @@ TEST(GpuMx, LargeExponentsTakeTheTwoMultiplyPath) {
   }
 }
 
-// The MX forward captured in a graph and replayed gives the eager forward bit for bit.
+// The MX forward on either path, captured in a graph and replayed, gives the eager forward bit
+// for bit.
 TEST(GpuMx, GraphReplayEqualsTheEagerForward) {
   SKIP_WITHOUT_GPU();
   for (const MxCase& c : {kCases[0], kCases[2]}) {
     const MoeSpec spec = case_spec(c);
     const auto w = mx_layer(spec, c.format, 3, "mx-graph");
-    const auto gpu = cuda::GpuMoeLayer::create(*w, base_options(32));
-    for (int tokens : {1, 32})
-      expect_graph_replay_equals_forward(*gpu, spec, tokens, FuseShared::Auto, 5);
+    for (const bool prefill : {false, true}) {
+      const auto gpu = cuda::GpuMoeLayer::create(*w, path_options(32, prefill));
+      for (int tokens : {1, 32})
+        expect_graph_replay_equals_forward(*gpu, spec, tokens, FuseShared::Auto, 5);
+    }
   }
 }
 
-// Small shapes for the sanitizers: both formats from checkpoints, and the bench's random MX
-// layers (made on the GPU: codes and one exponent per matrix), whose y is finite and not zero.
+// Small shapes for the sanitizers: both formats from checkpoints on both paths, and the bench's
+// random MX layers (made on the GPU: codes and one exponent per matrix), whose y is finite and
+// not zero.
 TEST(GpuMxSmall, SanitizerShapes) {
   SKIP_WITHOUT_GPU();
   for (const MxCase& c : {kCases[0], kCases[2]}) {
     const MoeSpec spec = case_spec(c);
     const auto w = mx_layer(spec, c.format, 9, "mx-small");
-    const auto gpu = cuda::GpuMoeLayer::create(*w, base_options(24));
-    for (int tokens : {1, 24}) {
-      const std::vector<Bf16> x = random_x(tokens, spec.hidden, tokens);
-      expect_layer_matches(spec, tokens, gpu->forward(x.data(), tokens, FuseShared::Auto),
-                           cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto),
-                           spec.name + " T=" + std::to_string(tokens));
+    for (const bool prefill : {false, true}) {
+      const auto gpu = cuda::GpuMoeLayer::create(*w, path_options(24, prefill));
+      for (int tokens : {1, 24}) {
+        const std::vector<Bf16> x = random_x(tokens, spec.hidden, tokens);
+        expect_layer_matches(
+            spec, tokens, gpu->forward(x.data(), tokens, FuseShared::Auto),
+            cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto),
+            spec.name + " T=" + std::to_string(tokens) + (prefill ? " prefill" : " bulk"));
+      }
     }
     cuda::GpuLayerOptions opt = base_options(24);
     opt.mx_format = c.format;

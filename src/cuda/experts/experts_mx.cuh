@@ -53,6 +53,27 @@ struct MxBits {
   static constexpr int kPairs = F == ExpertFormat::Mxfp4 ? 16 : 8;  // bf16 pairs of a piece
 };
 
+// The factors of an element's bits (mx_pair_bits) for e8m0 byte s: the weight is bits x f, or
+// (bits x f) x g on the two-multiply path (kTwoSteps: s above kOneStepMax).
+template <ExpertFormat F, bool kTwoSteps>
+__device__ __forceinline__ void mx_factors(uint32_t s, uint32_t& f, uint32_t& g) {
+  using B = MxBits<F>;
+  if constexpr (kTwoSteps) {
+    f = bf16x2_pow2(B::kBias);
+    g = bf16x2_e8m0(s);
+  } else {
+    f = bf16x2_pow2(static_cast<int>(s) - 127 + B::kBias);
+    g = 0;
+  }
+}
+
+// A bf16 pair of weights from its bits and its factors (mx_factors).
+template <bool kTwoSteps>
+__device__ __forceinline__ uint32_t mx_weight(uint32_t bits, uint32_t f, uint32_t g) {
+  const uint32_t w = mul_bf16x2(bits, f);
+  return kTwoSteps ? mul_bf16x2(w, g) : w;
+}
+
 // One piece pair's mma steps: lo / hi the row-g and row-g+8 pieces with their e8m0 bytes, x the
 // token's activations at the same elements (kPairs / 4 uint4). kTwoSteps: an exponent above
 // kOneStepMax in either row (the two-multiply path).
@@ -60,27 +81,18 @@ template <ExpertFormat F, bool kTwoSteps>
 __device__ __forceinline__ void mma_piece_mx_steps(float (&c)[4], const uint4& lo, const uint4& hi,
                                                    uint32_t s_lo, uint32_t s_hi, const uint4* x) {
   using B = MxBits<F>;
-  uint32_t f_lo, f_hi, g_lo = 0, g_hi = 0;
-  if constexpr (kTwoSteps) {
-    f_lo = f_hi = bf16x2_pow2(B::kBias);
-    g_lo = bf16x2_e8m0(s_lo);
-    g_hi = bf16x2_e8m0(s_hi);
-  } else {
-    f_lo = bf16x2_pow2(static_cast<int>(s_lo) - 127 + B::kBias);
-    f_hi = bf16x2_pow2(static_cast<int>(s_hi) - 127 + B::kBias);
-  }
-  auto weight = [&](uint32_t bits, uint32_t f, uint32_t g) {
-    const uint32_t w = mul_bf16x2(bits, f);
-    return kTwoSteps ? mul_bf16x2(w, g) : w;
-  };
+  uint32_t f_lo, f_hi, g_lo, g_hi;
+  mx_factors<F, kTwoSteps>(s_lo, f_lo, g_lo);
+  mx_factors<F, kTwoSteps>(s_hi, f_hi, g_hi);
   const uint32_t* xw = reinterpret_cast<const uint32_t*>(x);
   const uint32_t lw[4] = {lo.x, lo.y, lo.z, lo.w}, hw[4] = {hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
   for (int j = 0; j < B::kPairs / 2; ++j) {
-    mma_bf16(c, weight(mx_pair_bits(F, lw, 2 * j), f_lo, g_lo),
-             weight(mx_pair_bits(F, hw, 2 * j), f_hi, g_hi),
-             weight(mx_pair_bits(F, lw, 2 * j + 1), f_lo, g_lo),
-             weight(mx_pair_bits(F, hw, 2 * j + 1), f_hi, g_hi), xw[2 * j], xw[2 * j + 1]);
+    mma_bf16(c, mx_weight<kTwoSteps>(mx_pair_bits(F, lw, 2 * j), f_lo, g_lo),
+             mx_weight<kTwoSteps>(mx_pair_bits(F, hw, 2 * j), f_hi, g_hi),
+             mx_weight<kTwoSteps>(mx_pair_bits(F, lw, 2 * j + 1), f_lo, g_lo),
+             mx_weight<kTwoSteps>(mx_pair_bits(F, hw, 2 * j + 1), f_hi, g_hi), xw[2 * j],
+             xw[2 * j + 1]);
   }
 }
 

@@ -84,11 +84,29 @@ inline void mx_tile_scales(ExpertFormat f, bool gate_up, int rows, int k, const 
   }
 }
 
+// MXFP4's bit placement: bf16 pair j (elements 2j, 2j + 1) of a word takes each element's
+// magnitude bits (e2m1 bits 0..2) to bits 6..8 of its 16-bit lane and its sign to bit 15, i.e.
+// to kMxfp4Pair's bits, from the word rotated left by mx_fp4_rotate(j), one rotation and one
+// mask a pair; no four rotations of one mask tile a word's 32 bits, so pair 3 takes its sign and
+// low magnitude bits from one rotation and its top magnitude bit from another.
+inline constexpr uint32_t kMxfp4Pair = 0x81c081c0u;
+inline constexpr uint32_t kMxfp4Pair3Low = 0x80c080c0u;  // pair 3's bits from rotation 6
+inline constexpr int kMxfp4Rotate3Top = 14;              // pair 3's bits 8 and 24
+
+constexpr int mx_fp4_rotate(int j) { return j == 0 ? 0 : j == 1 ? 4 : j == 2 ? 10 : 6; }
+constexpr uint32_t mx_rotl(uint32_t x, int s) { return s == 0 ? x : (x << s) | (x >> (32 - s)); }
+
+// The rotation of the word that gives bit `bit` (of kMxfp4Pair) of pair j.
+constexpr int mx_fp4_rotation(int j, int bit) {
+  return j == 3 && (kMxfp4Pair3Low >> bit & 1) == 0 ? kMxfp4Rotate3Top : mx_fp4_rotate(j);
+}
+
 // The kernels' order of the packed bytes of one 4-byte word w (little-endian, as loaded):
 //   MXFP8, e4m3 elements e0..e3 in bytes 0..3 -> bytes (e2, e0, e3, e1);
-//   MXFP4, e2m1 elements e0..e7 (e2i the low nibble of byte i) -> nibble j (bits 4j..4j+3) holds
-//   e2j and nibble 4 + j holds e2j+1, j = 0..3.
-// why: a bf16 pair (e2j, e2j+1) then comes from one shifted copy of the word (experts_mx.cuh).
+//   MXFP4, e2m1 elements e0..e7 (e2i the low nibble of byte i, e2i+1 its high nibble) -> each
+//   element bit at the position its pair's rotation (mx_fp4_rotation) brings to its bf16 bit.
+// why: a bf16 pair (e2j, e2j+1) then comes from one shifted copy of the word and one mask
+// (MXFP4 pair 3: two of each) (experts_mx.cuh).
 constexpr uint32_t mx_kernel_word(ExpertFormat f, uint32_t w) {
   if (f == ExpertFormat::Mxfp8) {
     const uint32_t e0 = w & 0xff, e1 = (w >> 8) & 0xff, e2 = (w >> 16) & 0xff, e3 = w >> 24;
@@ -96,9 +114,15 @@ constexpr uint32_t mx_kernel_word(ExpertFormat f, uint32_t w) {
   }
   uint32_t out = 0;
   for (int j = 0; j < 4; ++j) {
-    const uint32_t byte = (w >> (8 * j)) & 0xff;
-    out |= (byte & 0xf) << (4 * j);
-    out |= (byte >> 4) << (16 + 4 * j);
+    for (int bit = 0; bit < 32; ++bit) {
+      if ((kMxfp4Pair >> bit & 1) == 0) continue;
+      // bf16 bit 6..8 <- e2m1 bit 0..2, bit 15 <- bit 3; the high lane holds element 2j + 1
+      const int lane_bit = bit & 15, element = 2 * j + (bit >> 4);
+      const int code_bit = lane_bit == 15 ? 3 : lane_bit - 6;
+      const uint32_t code = (w >> (4 * element)) & 0xf;
+      const int at = (bit - mx_fp4_rotation(j, bit) + 32) % 32;
+      out |= ((code >> code_bit) & 1u) << at;
+    }
   }
   return out;
 }
@@ -116,9 +140,12 @@ constexpr uint32_t mx_pair_bits(ExpertFormat f, const uint32_t (&w)[4], int p) {
     const uint32_t v = (p & 1) != 0 ? w[p >> 1] << 8 : w[p >> 1];
     return ((v >> 4) & 0x07f007f0u) | (v & 0x80008000u);
   }
-  // word q = elements 8q..8q+7: nibble j and nibble 4 + j hold pair 4q + j
-  const uint32_t v = w[p >> 2] >> (4 * (p & 3));
-  return ((v << 6) & 0x01c001c0u) | ((v << 12) & 0x80008000u);
+  // word q = elements 8q..8q+7, pair j = p % 4 of it
+  const uint32_t q = w[p >> 2];
+  const int j = p & 3;
+  if (j < 3) return mx_rotl(q, mx_fp4_rotate(j)) & kMxfp4Pair;
+  return (mx_rotl(q, mx_fp4_rotate(3)) & kMxfp4Pair3Low) |
+         (mx_rotl(q, kMxfp4Rotate3Top) & (kMxfp4Pair & ~kMxfp4Pair3Low));
 }
 
 }  // namespace moekit::cuda

@@ -307,6 +307,15 @@ void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x
     p.w2_fp8 = wp.w2_fp8;
     p.w2_scale = wp.w2_scale;
     p.ue8m0 = spec.quant.scale_ue8m0;
+  } else if (pl.mx != ExpertFormat::Bf16) {
+    p.w13 = nullptr;
+    p.w2 = nullptr;
+    p.mx = pl.mx;
+    p.w13_mx = wp.w13_mx;
+    p.w13_mx_scale = wp.w13_mx_scale;
+    p.w2_mx = wp.w2_mx;
+    p.w2_mx_scale = wp.w2_mx_scale;
+    p.mx_chunk = pl.grouped_mx_chunk;
   }
   p.b13 = spec.has_expert_bias ? wp.b13 : nullptr;
   p.b2 = spec.has_expert_bias ? wp.b2 : nullptr;

@@ -175,6 +175,7 @@ struct GpuMoeLayer::Impl {
   void upload(const LayerWeights& w);
   void fill_random(uint64_t seed);
   // layer_workspace.cu
+  plan::LayerPlan plan_at_max() const;  // the plan of a forward of max_tokens (Auto fusion)
   bool grouped_at_max() const;         // whether a plan up to max_tokens takes the prefill path
   size_t prefill_bytes_needed() const;  // that path's workspace (0 when not), current device
   void prepare_kernels();  // sets prefill_bytes: call before carve_workspace

@@ -108,20 +108,24 @@ void GpuMoeLayer::Impl::allocate_workspace() {
   allocate<__nv_bfloat16>(y_out, static_cast<size_t>(opt.max_tokens) * H, workspace_bytes);
 }
 
+plan::LayerPlan GpuMoeLayer::Impl::plan_at_max() const {
+  return plan::plan_layer(spec, opt.max_tokens, FuseShared::Auto, opt.overrides, device,
+                          opt.expert_dtype, opt.mx_format);
+}
+
 bool GpuMoeLayer::Impl::grouped_at_max() const {
   // The prefill path's workspace, where the plan takes that path at max_tokens (its rule holds
   // from a token count on) or it is forced.
-  const plan::LayerPlan at_max =
-      plan::plan_layer(spec, opt.max_tokens, FuseShared::Auto, opt.overrides, device,
-                       opt.expert_dtype, opt.mx_format);
-  return at_max.stream == plan::Stream::Grouped;
+  return plan_at_max().stream == plan::Stream::Grouped;
 }
 
 size_t GpuMoeLayer::Impl::prefill_bytes_needed() const {
-  if (!grouped_at_max()) return 0;
+  const plan::LayerPlan at_max = plan_at_max();
+  if (at_max.stream != plan::Stream::Grouped) return 0;
   const char* why = "";
   MK_CHECK(prefill_supported(&why), "the plan takes the prefill path: " << why);
-  return prefill_workspace_bytes(opt.max_tokens, K + S, E + S, H, I, fp8);
+  // (MX: the widening's run of experts does not depend on the token count)
+  return prefill_workspace_bytes(opt.max_tokens, K + S, E + S, H, I, fp8, at_max.grouped_mx_chunk);
 }
 
 void GpuMoeLayer::Impl::prepare_kernels() {

@@ -1,6 +1,7 @@
 // The prefill path's host entry (prefill.h): checks, the workspace's layout, six launches.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
@@ -8,6 +9,7 @@
 #include "cuda/prefill/prefill_gemm.h"
 #include "cuda/prefill/prefill_gemm_fp8.h"
 #include "cuda/prefill/prefill_kernels.h"
+#include "cuda/prefill/prefill_mx.h"
 #include "moekit/error.h"
 
 namespace moekit::cuda {
@@ -39,6 +41,23 @@ void check_fp8_params(const PrefillParams& p) {
   }
 }
 
+// The MX weights (mx set): every MX field, no bf16 or fp8 weight, a chunk of experts.
+void check_mx_params(const PrefillParams& p) {
+  MK_CHECK(p.mx == ExpertFormat::Mxfp4 || p.mx == ExpertFormat::Mxfp8,
+           "prefill: expected mx Bf16, Mxfp4 or Mxfp8, got " << expert_format_name(p.mx));
+  MK_CHECK(p.w13 == nullptr && p.w2 == nullptr && p.w13_fp8 == nullptr,
+           "prefill: mx is " << expert_format_name(p.mx)
+                             << ", so w13, w2 and w13_fp8 must be null (one format of weights)");
+  MK_CHECK(p.w13_mx != nullptr && p.w13_mx_scale != nullptr && p.w2_mx != nullptr &&
+               p.w2_mx_scale != nullptr,
+           "prefill: MX weights need w13_mx, w13_mx_scale, w2_mx and w2_mx_scale");
+  MK_CHECK(aligned16(p.w13_mx) && aligned16(p.w2_mx),
+           "prefill: MX weights must be 16-byte aligned, got "
+               << static_cast<const void*>(p.w13_mx) << " and "
+               << static_cast<const void*>(p.w2_mx));
+  MK_CHECK(p.mx_chunk >= 1, "prefill: MX weights need mx_chunk >= 1, got " << p.mx_chunk);
+}
+
 void check_params(const PrefillParams& p) {
   MK_CHECK(p.max_tokens >= 1, "prefill: expected max_tokens >= 1, got " << p.max_tokens);
   MK_CHECK(p.tokens >= 1 && p.tokens <= p.max_tokens,
@@ -56,7 +75,9 @@ void check_params(const PrefillParams& p) {
   MK_CHECK(p.x != nullptr && p.ids != nullptr && p.weights != nullptr && p.y != nullptr &&
                p.workspace != nullptr,
            "prefill: x, ids, weights, y and workspace must be set");
-  if (p.w13_fp8 != nullptr) {
+  if (p.mx != ExpertFormat::Bf16) {
+    check_mx_params(p);
+  } else if (p.w13_fp8 != nullptr) {
     check_fp8_params(p);
   } else {
     MK_CHECK(p.w13 != nullptr && p.w2 != nullptr,
@@ -81,9 +102,9 @@ void check_params(const PrefillParams& p) {
 
 }  // namespace
 
-size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter,
-                               bool fp8) {
-  return prefill_carve(nullptr, max_tokens, slots, rows, hidden, inter, fp8).total_bytes;
+size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter, bool fp8,
+                               int mx_chunk) {
+  return prefill_carve(nullptr, max_tokens, slots, rows, hidden, inter, fp8, mx_chunk).total_bytes;
 }
 
 bool prefill_supported(const char** why) { return prefill_gemm_supported(why); }
@@ -93,20 +114,32 @@ double prefill_expert_flops(int tokens, int slots, int hidden, int inter) {
   return 2.0 * pairs * (static_cast<double>(hidden) * 2 * inter + static_cast<double>(inter) * hidden);
 }
 
+namespace {
+
+// The arrays of groups [first, ...) of a grouped GEMM.
+PrefillGroupArrays group_range(const PrefillGroupArrays& g, int first) {
+  return {g.problems + first, g.a + first,        g.b + first,       g.d + first,
+          g.stride_a + first, g.stride_b + first, g.stride_d + first};
+}
+
+}  // namespace
+
 void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream) {
   check_params(p);
-  const bool fp8 = p.w13_fp8 != nullptr;
+  const bool fp8 = p.w13_fp8 != nullptr, mx = p.mx != ExpertFormat::Bf16;
+  const int mx_chunk = mx ? p.mx_chunk : 0;
   const PrefillWorkspace ws =
-      prefill_carve(p.workspace, p.max_tokens, p.slots, p.rows, p.hidden, p.inter, fp8);
+      prefill_carve(p.workspace, p.max_tokens, p.slots, p.rows, p.hidden, p.inter, fp8, mx_chunk);
   MK_CHECK(p.workspace_bytes >= ws.total_bytes,
            "prefill: workspace of " << p.workspace_bytes << " bytes, expected at least "
                                     << ws.total_bytes << " (prefill_workspace_bytes, fp8 "
-                                    << (fp8 ? "true" : "false") << ")");
-  auto gemm = [&](const PrefillGroupArrays& arrays, int n, void* gemm_workspace) {
+                                    << (fp8 ? "true" : "false") << ", mx_chunk " << mx_chunk
+                                    << ")");
+  auto gemm = [&](const PrefillGroupArrays& arrays, int groups, int n, void* gemm_workspace) {
     if (p.gemm == PrefillGemm::Naive) {
-      run_prefill_gemm_naive(arrays, p.rows, n, stream);
+      run_prefill_gemm_naive(arrays, groups, n, stream);
     } else {
-      run_prefill_gemm(arrays, p.rows, p.tile_m, gemm_workspace, stream);
+      run_prefill_gemm(arrays, groups, p.tile_m, gemm_workspace, stream);
     }
   };
   // (the fp8 GEMM has one instance, 128 x 128 tiles: tile_m does not apply to it)
@@ -117,17 +150,33 @@ void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream) {
       run_prefill_gemm_fp8(arrays, p.rows, gemm_workspace, stream);
     }
   };
+  // MX: each run of mx_chunk experts widened into mx_weights, then the GEMM of its groups
+  auto gemm_mx = [&](const MxMatrices& m, const PrefillGroupArrays& arrays, int n,
+                     void* gemm_workspace) {
+    for (int first = 0; first < p.rows; first += mx_chunk) {
+      const int groups = std::min(mx_chunk, p.rows - first);
+      launch_mx_widen(m, first, groups, arrays.problems, ws.mx_weights, stream);
+      gemm(group_range(arrays, first), groups, n, gemm_workspace);
+    }
+  };
   launch_prefill_plan(p, ws, stream);
   if (fp8) {
     launch_prefill_permute_fp8(p, ws, stream);
     gemm_fp8(ws.gate_up8, 2 * p.inter, ws.gemm_workspace[0]);
     launch_prefill_activation_fp8(p, ws, stream);
     gemm_fp8(ws.down8, p.hidden, ws.gemm_workspace[1]);
+  } else if (mx) {
+    launch_prefill_permute(p, ws, stream);
+    gemm_mx({p.mx, true, 2 * p.inter, p.hidden, p.w13_mx, p.w13_mx_scale}, ws.gate_up, 2 * p.inter,
+            ws.gemm_workspace[0]);
+    launch_prefill_activation(p, ws, stream);
+    gemm_mx({p.mx, false, p.hidden, p.inter, p.w2_mx, p.w2_mx_scale}, ws.down, p.hidden,
+            ws.gemm_workspace[1]);
   } else {
     launch_prefill_permute(p, ws, stream);
-    gemm(ws.gate_up, 2 * p.inter, ws.gemm_workspace[0]);
+    gemm(ws.gate_up, p.rows, 2 * p.inter, ws.gemm_workspace[0]);
     launch_prefill_activation(p, ws, stream);
-    gemm(ws.down, p.hidden, ws.gemm_workspace[1]);
+    gemm(ws.down, p.rows, p.hidden, ws.gemm_workspace[1]);
   }
   launch_prefill_combine(p, ws, stream);
 }

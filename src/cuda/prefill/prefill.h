@@ -23,9 +23,16 @@
 //   2. permute  xq[pos(q)] = e4m3(x[q / slots] / s) per 128 channels, s = max(amax, 1e-4) / 448
 //               (ue8m0: rounded up to a power of two), the scales [rows, H/128] beside it
 //   3. gate/up  the fp8 grouped GEMM with 128-block scaling (prefill_gemm_fp8.h), bf16 out
-//   4. act      h from the bf16 gate/up, rounded to bf16, quantised per 128 columns by the same rule
+//   4. act      h from the bf16 gate/up, rounded to bf16, quantised per 128 columns by the
+//               same rule
 //   5. down     the fp8 grouped GEMM, bf16 partials; steps 1 and 6 as above.
 // It needs H and I multiples of 128.
+//
+// MX experts (mx Mxfp8 / Mxfp4: packed rows and e8m0 bytes in the MX kernels' layout) run
+// W8A16 / W4A16 as the CPU reference does (reference_mx.cpp): each GEMM runs over runs of
+// mx_chunk experts, the run's matrices first widened to their exact bf16 weights in the
+// workspace (prefill_mx.h; experts without rows skipped), then the bf16 grouped GEMM of those
+// groups; the other steps as the bf16 path's.
 //
 // No host synchronisation: every size the host needs is the token count and the spec's shapes,
 // so a CUDA graph can capture a launch. The result does not depend on the order of the pairs
@@ -38,6 +45,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "moekit/expert_format.h"
 #include "moekit/spec.h"
 
 namespace moekit::cuda {
@@ -68,6 +76,13 @@ struct PrefillParams {
   const uint8_t* w2_fp8 = nullptr;   // [rows, H, I]
   const float* w2_scale = nullptr;   // [rows, H/128, I/128]
   bool ue8m0 = false;                // activation scales rounded up to powers of two
+  // MX experts, set instead of w13 / w2 (W8A16 / W4A16; layout as LayerWeightPtrs' mx fields)
+  ExpertFormat mx = ExpertFormat::Bf16;   // Mxfp8 / Mxfp4
+  const uint8_t* w13_mx = nullptr;        // [rows][2I * mx_row_bytes(H)]
+  const uint8_t* w13_mx_scale = nullptr;  // [rows][mx_scale_layout_bytes(2I, H)]
+  const uint8_t* w2_mx = nullptr;         // [rows][H * mx_row_bytes(I)]
+  const uint8_t* w2_mx_scale = nullptr;   // [rows][mx_scale_layout_bytes(H, I)]
+  int mx_chunk = 0;  // experts widened at a time: what `workspace` was sized for, or fewer
   Activation activation = Activation::Silu;
   float limit = 0.0f, alpha = 1.702f, beta = 1.0f;  // MoeSpec's swiglu_limit / _alpha / _beta
   // the unfused shared MLP's output [T, H] fp32 and its per-token scale [T]: both or neither
@@ -82,21 +97,23 @@ struct PrefillParams {
   // GEMM has one instance (128 x 128 tiles) and ignores it
   int tile_m = 128;
 
-  void* workspace = nullptr;  // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter, fp8)
+  // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter, fp8, mx_chunk)
+  void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
 
 // Device workspace of the path for up to max_tokens tokens (permuted x, gate/up, h, the down
 // partials, the plan and both GEMMs' group arrays and CUTLASS workspaces), on the current device;
-// fp8: for fp8 block-scale weights (x and h as e4m3 with their scales, the fp8 GEMM's arrays).
+// fp8: for fp8 block-scale weights (x and h as e4m3 with their scales, the fp8 GEMM's arrays);
+// mx_chunk > 0: for MX experts widened mx_chunk at a time (their bf16 matrices).
 size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, int inter,
-                               bool fp8 = false);
+                               bool fp8 = false, int mx_chunk = 0);
 
 // Whether the current device runs the path (sm_90a: compute capability 9.0); else `why`.
 bool prefill_supported(const char** why = nullptr);
 
-// Runs the path in `stream` (6 launches). Throws moekit::Error naming the bad field before any
-// launch (shapes, alignment, the workspace's size).
+// Runs the path in `stream` (6 launches; MX: 2 more per run of mx_chunk experts). Throws
+// moekit::Error naming the bad field before any launch (shapes, alignment, the workspace's size).
 void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream);
 
 // The expert GEMMs' FLOPs of one forward: 2 * pairs * (H * 2I + I * H) (for expert_tflops).

@@ -36,6 +36,7 @@ struct PlanArgs {
   int rows, warps, hidden, inter;
   const __nv_bfloat16* w13;
   const __nv_bfloat16* w2;
+  int weight_groups;  // the experts w13 / w2 hold: group e's at e % weight_groups
   // fp8 block-scale weights: the fp8 group arrays are written instead of the bf16 ones
   bool fp8;
   const uint8_t* w13_fp8;
@@ -166,14 +167,15 @@ __global__ void __launch_bounds__(kPlanThreads) prefill_plan_kernel(PlanArgs a) 
     }
     ws.gate_up.problems[e] = {n, 2 * I, H};
     ws.gate_up.a[e] = ws.xs + off * H;
-    ws.gate_up.b[e] = a.w13 + static_cast<long long>(e) * 2 * I * H;
+    const long long we = e % a.weight_groups;
+    ws.gate_up.b[e] = a.w13 + we * 2 * I * H;
     ws.gate_up.d[e] = ws.gu + off * 2 * I;
     ws.gate_up.stride_a[e] = H;
     ws.gate_up.stride_b[e] = H;
     ws.gate_up.stride_d[e] = 2 * I;
     ws.down.problems[e] = {n, H, I};
     ws.down.a[e] = ws.h + off * I;
-    ws.down.b[e] = a.w2 + static_cast<long long>(e) * H * I;
+    ws.down.b[e] = a.w2 + we * H * I;
     ws.down.d[e] = ws.partial + off * H;
     ws.down.stride_a[e] = I;
     ws.down.stride_b[e] = I;
@@ -314,7 +316,7 @@ __global__ void prefill_combine_kernel(CombineArgs a) {
 }  // namespace
 
 PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, int hidden,
-                               int inter, bool fp8) {
+                               int inter, bool fp8, int mx_chunk) {
   PrefillWorkspace ws;
   const size_t P = static_cast<size_t>(max_tokens) * slots;
   const size_t R = static_cast<size_t>(rows);
@@ -358,6 +360,10 @@ PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, 
       g->stride_b = static_cast<int64_t*>(take(R * 8));
       g->stride_d = static_cast<int64_t*>(take(R * 8));
     }
+    if (mx_chunk > 0) {
+      const size_t matrix = static_cast<size_t>(2) * inter * hidden;  // w13's, w2's the half
+      ws.mx_weights = static_cast<__nv_bfloat16*>(take(static_cast<size_t>(mx_chunk) * matrix * 2));
+    }
   }
   ws.gemm_workspace_bytes =
       fp8 ? prefill_gemm_fp8_workspace_bytes(rows) : prefill_gemm_workspace_bytes(rows);
@@ -377,8 +383,10 @@ void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cud
   a.warps = plan_warps(p.rows);
   a.hidden = p.hidden;
   a.inter = p.inter;
-  a.w13 = p.w13;
-  a.w2 = p.w2;
+  const bool mx = p.mx != ExpertFormat::Bf16;
+  a.w13 = mx ? ws.mx_weights : p.w13;
+  a.w2 = mx ? ws.mx_weights : p.w2;
+  a.weight_groups = mx ? p.mx_chunk : p.rows;
   a.fp8 = p.w13_fp8 != nullptr;
   a.w13_fp8 = p.w13_fp8;
   a.w13_scale = p.w13_scale;

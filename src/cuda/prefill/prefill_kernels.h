@@ -31,16 +31,19 @@ struct PrefillWorkspace {
   uint8_t* hq = nullptr;                  // [P, I] e4m3: the activation, quantised per 128 channels
   float* hq_scale = nullptr;              // [P, I/128]
   PrefillFp8GroupArrays gate_up8, down8;  // [rows] each
+  __nv_bfloat16* mx_weights = nullptr;    // MX: [mx_chunk, max(2I H, H I)] widened matrices
   void* gemm_workspace[2] = {nullptr, nullptr};
   size_t gemm_workspace_bytes = 0;
   size_t total_bytes = 0;  // the whole carve
 };
 
-// Lays the workspace out from `base` (null: sizes only, total_bytes set); fp8: the fp8 path's.
+// Lays the workspace out from `base` (null: sizes only, total_bytes set); fp8: the fp8 path's;
+// mx_chunk > 0: the bf16 path's with mx_weights for that many experts.
 PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, int hidden,
-                               int inter, bool fp8);
+                               int inter, bool fp8, int mx_chunk);
 
-// Step 1, one CTA: counts, offsets, the stable permutation and both GEMMs' group arrays.
+// Step 1, one CTA: counts, offsets, the stable permutation and both GEMMs' group arrays (MX:
+// group e's weights at mx_weights + (e % mx_chunk) matrices, where its run widens them).
 void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cudaStream_t stream);
 // Step 2: xs[pos_of_pair[q]] = x[q / slots] for every pair q (in pair order).
 void launch_prefill_permute(const PrefillParams& p, const PrefillWorkspace& ws,
