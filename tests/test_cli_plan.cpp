@@ -25,13 +25,26 @@ struct CliOutput {
 // Runs `moekit args` with the plan's MOEKIT_* variables unset (the defaults), capturing stdout.
 CliOutput run_moekit(const std::string& args) {
   std::vector<std::unique_ptr<test::ScopedEnv>> cleared;
-  for (const char* v : {"MOEKIT_EXPERTS_KERNEL", "MOEKIT_EXPERTS_TAIL", "MOEKIT_EXPERTS_SHARED_FIRST",
-                        "MOEKIT_EXPERTS_WHOLE_TILES", "MOEKIT_EXPERTS_DOWN_SPLIT",
-                        "MOEKIT_EXPERTS_DOWN_DEEP", "MOEKIT_EXPERTS_ONE_TOKEN_RING",
-                        "MOEKIT_EXPERTS_L2_ACTS", "MOEKIT_EXPERTS_L2_KEEP_FROM",
-                        "MOEKIT_EXPERTS_DOWN_TAIL", "MOEKIT_EXPERTS_HALF_ITEMS",
-                        "MOEKIT_EXPERTS_SELF_ROUTE", "MOEKIT_EXPERTS_TASK16", "MOEKIT_SHARED_DENSE",
-                        "MOEKIT_PDL", "MOEKIT_PRINT_CONFIG", "MOEKIT_FUSE_SHARED_EXPERTS"}) {
+  for (const char* v : {"MOEKIT_EXPERTS_KERNEL",
+                        "MOEKIT_EXPERTS_TAIL",
+                        "MOEKIT_EXPERTS_SHARED_FIRST",
+                        "MOEKIT_EXPERTS_WHOLE_TILES",
+                        "MOEKIT_EXPERTS_DOWN_SPLIT",
+                        "MOEKIT_EXPERTS_DOWN_DEEP",
+                        "MOEKIT_EXPERTS_ONE_TOKEN_RING",
+                        "MOEKIT_EXPERTS_L2_ACTS",
+                        "MOEKIT_EXPERTS_L2_KEEP_FROM",
+                        "MOEKIT_EXPERTS_DOWN_TAIL",
+                        "MOEKIT_EXPERTS_HALF_ITEMS",
+                        "MOEKIT_EXPERTS_SELF_ROUTE",
+                        "MOEKIT_EXPERTS_TASK16",
+                        "MOEKIT_SHARED_DENSE",
+                        "MOEKIT_PDL",
+                        "MOEKIT_PRINT_CONFIG",
+                        "MOEKIT_FUSE_SHARED_EXPERTS",
+                        "MOEKIT_EXPERTS_GROUPED_FROM",
+                        "MOEKIT_EXPERTS_GROUPED_TILE",
+                        "MOEKIT_EXPERTS_MX_CHUNK"}) {
     cleared.push_back(std::make_unique<test::ScopedEnv>(v, nullptr));
   }
   CliOutput r;
@@ -122,7 +135,8 @@ TEST(CliListKernels, ListsThe47InstancesOfTheTable) {
   for (size_t i = 0; i < j.size(); ++i) EXPECT_EQ(j[i]["name"], kernels[i].name);
 }
 
-// --dtype mxfp4 / mxfp8: the MX plans, the MX instances (MiniMax-M3's shared expert fused).
+// --dtype mxfp4 / mxfp8: the MX plans, the MX instances (MiniMax-M3's shared expert fused) at
+// decode batches, the MX prefill path at 1024 tokens.
 TEST(CliPlan, MxPlansRunTheMxInstances) {
   SKIP_WITHOUT_CLI();
   for (const auto& [model, dtype, fmt] : {std::tuple{"gpt-oss-120b", "mxfp4", ExpertFormat::Mxfp4},
@@ -136,6 +150,12 @@ TEST(CliPlan, MxPlansRunTheMxInstances) {
     EXPECT_NE(r.out.find(std::string("bulk_gate_up_") + dtype), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(std::string("bulk_down_") + dtype), std::string::npos) << r.out;
   }
+  // at 1024 tokens (32 routed per expert) the MX prefill path, in runs of widened experts
+  const CliOutput r = run_moekit("plan --model gpt-oss-120b --batch 1024 --dtype mxfp4");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("grouped, mxfp4 w4a16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("widen    mxfp4 experts to bf16, 16 at a time (8 runs"), std::string::npos)
+      << r.out;
 }
 
 // --dtype fp8: DeepSeek-V3's fp8 plan, the fp8 instances, the shared expert fused.
