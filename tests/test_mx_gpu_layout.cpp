@@ -134,6 +134,14 @@ TEST(MxGpuLayout, DeviceBytesCountThePackedExperts) {
                   gpu_layer_device_bytes(spec, 4096, DType::BF16, f),
               rows * (3 * I * H * 2 - packed) + 3 * Is * H * 2)
         << model;
+    // the run the layer's plan holds (a MOEKIT_EXPERTS_MX_CHUNK override; 0: not that path)
+    const size_t mx4096 = gpu_layer_device_bytes(spec, 4096, DType::BF16, f);
+    EXPECT_EQ(gpu_layer_device_bytes(spec, 4096, DType::BF16, f, 3) + (chunk - 3) * 2 * I * H * 2,
+              mx4096)
+        << model;
+    EXPECT_EQ(gpu_layer_device_bytes(spec, 64, DType::BF16, f, 5), mx + 5 * 2 * I * H * 2) << model;
+    EXPECT_EQ(gpu_layer_device_bytes(spec, 4096, DType::BF16, f, 0), mx4096 - chunk * 2 * I * H * 2)
+        << model;
   }
 }
 

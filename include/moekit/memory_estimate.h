@@ -51,8 +51,10 @@ void check_forward_memory(const LayerWeights& w, int tokens, bool fused);
 // cudaMemGetInfo before the first cudaMalloc.
 // `experts`: the dtype the layer holds its experts in (BF16, or F8_E4M3: bytes and tile scales,
 // the shared expert as fused slots only); `mx` Mxfp4 / Mxfp8 for MX experts (packed bytes and
-// e8m0 bytes, the shared expert fused), else Bf16.
+// e8m0 bytes, the shared expert fused), else Bf16. `mx_widen_chunk`: the MX experts the prefill
+// path widens to bf16 at a time (plan::LayerPlan::grouped_mx_chunk of a forward of max_tokens; 0
+// none), or -1 for the plan's defaults.
 size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts = DType::BF16,
-                              ExpertFormat mx = ExpertFormat::Bf16);
+                              ExpertFormat mx = ExpertFormat::Bf16, int mx_widen_chunk = -1);
 
 }  // namespace moekit

@@ -129,7 +129,8 @@ void check_forward_memory(const LayerWeights& w, int tokens, bool fused) {
   check_host_memory(need, spec.name + " (a forward of " + std::to_string(tokens) + " tokens)");
 }
 
-size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts, ExpertFormat mx) {
+size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts, ExpertFormat mx,
+                              int mx_widen_chunk) {
   MK_CHECK(max_tokens >= 0, "expected max_tokens >= 0, got " << max_tokens);
   // Mirrors GpuMoeLayer's allocate_weights / allocate_workspace (src/cuda/layer/layer_weights.cu,
   // layer_workspace.cu).
@@ -158,15 +159,19 @@ size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts
   // (fp8: x and h in e4m3 with their scales beside them)
   const size_t decode = add(mul(pairs, I * 2 + H * 4 + (fp8 ? I + I / 32 : 0)),
                             fp8 ? mul(T, H + H / 32) : 0);
-  // (MX on the prefill path: a run of experts widened to bf16, the plan's default run)
-  const bool mx_widens =
+  // (MX on the prefill path: a run of experts widened to bf16, the given one or the plan's
+  // default where its rule holds at max_tokens)
+  MK_CHECK(mx_widen_chunk >= -1, "expected mx_widen_chunk >= -1, got " << mx_widen_chunk);
+  const bool default_widens =
       is_mx && plan::experts_grouped_path_mx(static_cast<int>(std::min<size_t>(T, 1 << 30)),
                                              spec.top_k, static_cast<int>(E), -1);
-  const size_t mx_widened =
-      mx_widens ? mul(static_cast<size_t>(plan::experts_grouped_mx_chunk(
-                          static_cast<int>(rows), static_cast<int>(H), static_cast<int>(I), -1)),
-                      2 * I * H * 2)
-                : 0;
+  const size_t widen_chunk =
+      !is_mx                ? 0
+      : mx_widen_chunk >= 0 ? static_cast<size_t>(mx_widen_chunk)
+      : default_widens      ? static_cast<size_t>(plan::experts_grouped_mx_chunk(
+                                  static_cast<int>(rows), static_cast<int>(H), static_cast<int>(I), -1))
+                            : 0;
+  const size_t mx_widened = mul(widen_chunk, 2 * I * H * 2);
   const size_t prefill = add(add(mul(pairs, 8 + H * 2 + 2 * I * 2 + I * 2 + H * 2),
                                  add(mul(rows, 2 * 60), size_t{4} << 20)),
                              mx_widened);

@@ -100,7 +100,8 @@ std::unique_ptr<GpuMoeLayer::Impl> make_impl(const MoeSpec& spec, int layer,
   impl->device = live_device_info(opt.device);
   size_t free_b = 0, total_b = 0;
   MK_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t need = gpu_layer_device_bytes(spec, opt.max_tokens, opt.expert_dtype, opt.mx_format);
+  const size_t need = gpu_layer_device_bytes(spec, opt.max_tokens, opt.expert_dtype, opt.mx_format,
+                                             impl->plan_at_max().grouped_mx_chunk);
   MK_CHECK(need <= free_b, "a GPU layer of " << spec.name << " for max_tokens " << opt.max_tokens
                                              << " needs " << need << " bytes of device memory; "
                                              << free_b << " of " << total_b
