@@ -5,16 +5,17 @@
 // that borrows it; and the bf16 bit-for-bit comparison of outputs.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "moekit/dtype.h"
 #include "moekit/moe.h"
+#include "moekit/routing.h"
 #include "moekit/weights.h"
 
 namespace moekit::test {
@@ -36,6 +37,8 @@ struct EngineStacks {
   // fp8 block-scale weights (a LayerWeights of expert_format Fp8Block) instead of w13 / w2
   std::vector<uint8_t> w13_fp8, w2_fp8;
   std::vector<float> w13_scale, w2_scale;
+  // OCP MX weights (a LayerWeights of expert_format Mxfp4 / Mxfp8) instead of w13 / w2
+  std::vector<uint8_t> w13_mx, w13_mx_scale, w2_mx, w2_mx_scale;
   MoeWeightsView view;
 };
 
@@ -72,6 +75,40 @@ inline void copy_fp8_stacks(const LayerWeights& lw, const StackOptions& o, int c
   v.w2_scale_expert_stride = static_cast<int64_t>(t2);
 }
 
+// The MX stacks of an Mxfp4 / Mxfp8 LayerWeights: every row's packed bytes and e8m0 bytes, with
+// `pad` bytes of 0xff (MXFP8's NaN code, MXFP4's -6 pair, e8m0's NaN) after each expert's.
+inline void copy_mx_stacks(const LayerWeights& lw, const StackOptions& o, int count, int rows,
+                           EngineStacks& s) {
+  const MoeSpec& spec = lw.spec();
+  const ExpertFormat f = lw.expert_format();
+  const size_t H = spec.hidden, I = spec.expert_intermediate;
+  const size_t q13 = 2 * I * mx_row_bytes(f, H), q2 = H * mx_row_bytes(f, I);
+  const size_t g13 = 2 * I * (H / kMxGroup), g2 = H * (I / kMxGroup);
+  const size_t p = static_cast<size_t>(o.pad);
+  s.w13_mx.assign(rows * (q13 + p), 0xff);
+  s.w2_mx.assign(rows * (q2 + p), 0xff);
+  s.w13_mx_scale.assign(rows * (g13 + p), 0xff);
+  s.w2_mx_scale.assign(rows * (g2 + p), 0xff);
+  for (int r = 0; r < rows; ++r) {
+    const int e = r < count ? o.expert_offset + r : spec.num_experts + (r - count);
+    const ExpertView ex = lw.expert(e);
+    std::memcpy(s.w13_mx.data() + r * (q13 + p), ex.w13_mx, q13);
+    std::memcpy(s.w2_mx.data() + r * (q2 + p), ex.w2_mx, q2);
+    std::memcpy(s.w13_mx_scale.data() + r * (g13 + p), ex.w13_mx_scale, g13);
+    std::memcpy(s.w2_mx_scale.data() + r * (g2 + p), ex.w2_mx_scale, g2);
+  }
+  MoeWeightsView& v = s.view;
+  v.mx_format = f;
+  v.w13_mx = s.w13_mx.data();
+  v.w2_mx = s.w2_mx.data();
+  v.w13_mx_scale = s.w13_mx_scale.data();
+  v.w2_mx_scale = s.w2_mx_scale.data();
+  v.w13_expert_stride = static_cast<int64_t>(q13 + p);
+  v.w2_expert_stride = static_cast<int64_t>(q2 + p);
+  v.w13_scale_expert_stride = static_cast<int64_t>(g13 + p);
+  v.w2_scale_expert_stride = static_cast<int64_t>(g2 + p);
+}
+
 inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = {}) {
   const MoeSpec& spec = lw.spec();
   const int E = spec.num_experts;
@@ -88,9 +125,11 @@ inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = 
   const int slots = o.fused_slots && spec.can_fuse_shared() ? spec.shared_slots() : 0;
   const int rows = count + slots;
   const bool fp8 = lw.expert_format() == ExpertFormat::Fp8Block;
+  const bool mx =
+      lw.expert_format() == ExpertFormat::Mxfp4 || lw.expert_format() == ExpertFormat::Mxfp8;
   const size_t s13 = 2 * I * H + o.pad, s2 = H * I + o.pad;
   const size_t sb13 = 2 * I + o.pad, sb2 = H + o.pad;
-  if (!fp8) {
+  if (!fp8 && !mx) {
     s.w13.assign(rows * s13, Bf16{0x7fc0});  // padding holds NaN: reading it would show
     s.w2.assign(rows * s2, Bf16{0x7fc0});
   }
@@ -101,7 +140,7 @@ inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = 
   for (int r = 0; r < rows; ++r) {
     const int e = r < count ? o.expert_offset + r : E + (r - count);
     const ExpertView ex = lw.expert(e);
-    if (!fp8) {
+    if (!fp8 && !mx) {
       std::memcpy(s.w13.data() + r * s13, ex.w13, 2 * I * H * sizeof(Bf16));
       std::memcpy(s.w2.data() + r * s2, ex.w2, H * I * sizeof(Bf16));
     }
@@ -136,7 +175,25 @@ inline EngineStacks make_stacks(const LayerWeights& lw, const StackOptions& o = 
   v.expert_offset = o.expert_offset;
   v.expert_count = o.expert_count;
   if (fp8) copy_fp8_stacks(lw, o, count, rows, s);
+  if (mx) copy_mx_stacks(lw, o, count, rows, s);
   return s;
+}
+
+// The k routed columns of a routing ([tokens, slots]: the fused slots after them dropped), as
+// the caller's topk ids and weights of experts().
+struct RoutedColumns {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+inline RoutedColumns routed_columns(const Routing& r, int k) {
+  RoutedColumns c;
+  for (int t = 0; t < r.tokens; ++t) {
+    for (int j = 0; j < k; ++j) {
+      c.ids.push_back(r.ids[static_cast<size_t>(t) * r.slots + j]);
+      c.weights.push_back(r.weights[static_cast<size_t>(t) * r.slots + j]);
+    }
+  }
+  return c;
 }
 
 // y (fp32) rounded to bf16, as the engine API writes it.

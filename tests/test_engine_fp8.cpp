@@ -65,18 +65,10 @@ TEST(EngineFp8, ForwardAndExpertsMatchTheBackendsBitForBit) {
             cpu_reference::forward(*lw, x.data(), tokens, FuseShared::Auto, mode);
         expect_same_bits(y, to_bf16(ref.y), what + " reference forward");
         // experts() on the reference's routing (its k routed columns; the fused slot appended)
-        const int k = spec.top_k;
-        std::vector<int32_t> ids(static_cast<size_t>(tokens) * k);
-        std::vector<float> w(ids.size());
-        for (int t = 0; t < tokens; ++t) {
-          for (int j = 0; j < k; ++j) {
-            ids[t * k + j] = ref.routing.ids[static_cast<size_t>(t) * ref.routing.slots + j];
-            w[t * k + j] = ref.routing.weights[static_cast<size_t>(t) * ref.routing.slots + j];
-          }
-        }
+        const RoutedColumns rc = routed_columns(ref.routing, spec.top_k);
         std::vector<Bf16> ye(x.size());
-        op.experts(st.view, x.data(), ids.data(), w.data(), ye.data(), tokens, {}, nullptr, 0,
-                   nullptr);
+        op.experts(st.view, x.data(), rc.ids.data(), rc.weights.data(), ye.data(), tokens, {},
+                   nullptr, 0, nullptr);
         expect_same_bits(ye, y, what + " experts on the reference's routing");
       }
       MoeOptions fast;

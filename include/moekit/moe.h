@@ -31,6 +31,17 @@
 // the GPU layer). Host views compute per MoeOptions::fp8 (W8A8 or weight-only; the fast backend
 // weight-only), device views W8A8 on the GPU layer's fp8 kernels (MoeOptions::expert_dtype).
 //
+// OCP MX experts (mx_format Mxfp4 / Mxfp8, host views; w13 / w2 then null), W4A16 / W8A16 on the
+// CPU backends as the CPU reference computes them (each weight dequantised exactly):
+//   w13_mx            [n, 2I, mx_row_bytes(H)] u8  MXFP4: two e2m1 a byte, the even column in the
+//                                          low nibble; MXFP8: e4m3fn; gate rows first, as w13
+//                                          (gpt-oss's interleaved checkpoint rows de-interleaved)
+//   w13_mx_scale      [n, 2I, H/32] u8     e8m0 exponent bytes (2^(s-127), 255 refused)
+//   w2_mx             [n, H, mx_row_bytes(I)] u8, w2_mx_scale [n, H, I/32] u8
+// Their expert strides count bytes (the scales' in w13/w2_scale_expert_stride); the shared
+// expert of an MX view is its fused slots. The GPU holds MX experts in its own layout
+// (cuda::GpuMoeLayer::create on their LayerWeights): device views are bf16 or fp8.
+//
 // with n = expert_count + fused_slots rows of the stacks: the view's routed experts (global ids
 // [expert_offset, expert_offset + expert_count), local row id - expert_offset), then, when
 // fused_slots = spec.shared_slots(), the shared MLP repacked as S slots of the expert layout
@@ -103,8 +114,15 @@ struct MoeWeightsView {
   const float* w13_scale = nullptr;   // [n, 2 ceil(I/128), ceil(H/128)]
   const uint8_t* w2_fp8 = nullptr;    // [n, H, I] e4m3fn
   const float* w2_scale = nullptr;    // [n, ceil(H/128), ceil(I/128)]
-  int64_t w13_scale_expert_stride = 0;  // floats between experts' grids; 0 = dense
+  int64_t w13_scale_expert_stride = 0;  // floats (MX: e8m0 bytes) between experts'; 0 = dense
   int64_t w2_scale_expert_stride = 0;
+  // OCP MX stacks instead of w13 / w2 (host views, expert_dtype BF16); the expert strides above
+  // count bytes
+  ExpertFormat mx_format = ExpertFormat::Bf16;  // Mxfp4 / Mxfp8 (the four below), Bf16: none
+  const uint8_t* w13_mx = nullptr;              // [n, 2I, mx_row_bytes(H)]
+  const uint8_t* w13_mx_scale = nullptr;        // [n, 2I, H/32] e8m0
+  const uint8_t* w2_mx = nullptr;               // [n, H, mx_row_bytes(I)]
+  const uint8_t* w2_mx_scale = nullptr;         // [n, H, I/32] e8m0
 
   int local_experts(const MoeSpec& spec) const {
     return expert_count < 0 ? spec.num_experts - expert_offset : expert_count;
@@ -112,6 +130,7 @@ struct MoeWeightsView {
   // Whether the view holds the shared expert at all (fused slots or the unfused MLP).
   bool holds_shared() const { return fused_slots > 0 || shared_w13 != nullptr; }
   bool fp8() const { return expert_dtype == DType::F8_E4M3; }
+  bool mx() const { return mx_format != ExpertFormat::Bf16; }
 };
 
 // Floats of one expert's tile-scale grids in an fp8 view: w13 [2 ceil(I/128), ceil(H/128)],

@@ -87,6 +87,12 @@ namespace {
 void check_call(const MoeSpec& spec, const MoeOptions& opt, const MoeWeightsView& w, int tokens,
                 ViewUse use) {
   validate_view(spec, w, use);
+  MK_CHECK(w.location == Location::Host || !w.mx() || use == ViewUse::Router ||
+               use == ViewUse::RoutingBias,
+           "MX views (mx_format " << expert_format_name(w.mx_format)
+                                  << ") run on the CPU backends: the GPU holds MX experts in its "
+                                     "own layout (cuda::GpuMoeLayer::create on their "
+                                     "LayerWeights), so a device view is bf16 or fp8");
   MK_CHECK(tokens >= 0 && tokens <= opt.max_tokens,
            "expected 0 <= tokens <= max_tokens (" << opt.max_tokens << "), got " << tokens);
 }

@@ -35,11 +35,13 @@ int64_t fp8_w2_scale_floats(const MoeSpec& spec) {
 
 namespace {
 
-// One stack's stride: `given` elements, 0 = dense; never smaller than one expert's matrix.
-int64_t stack_stride(int64_t given, int64_t dense, const char* name, const char* shape) {
+// One stack's stride: `given` elements (`unit`), 0 = dense; never smaller than one expert's
+// matrix.
+int64_t stack_stride(int64_t given, int64_t dense, const char* name, const char* shape,
+                     const char* unit = "elements") {
   MK_CHECK(given == 0 || given >= dense, name << " = " << given << " is smaller than one expert's "
-                                              << shape << " (" << dense
-                                              << " elements); 0 means dense");
+                                              << shape << " (" << dense << " " << unit
+                                              << "); 0 means dense");
   return given == 0 ? dense : given;
 }
 
@@ -88,6 +90,45 @@ void validate_fp8_stacks(const MoeSpec& spec, const MoeWeightsView& v, int rows)
                "[ceil(H/128), ceil(I/128)] scale grid");
 }
 
+// An MX view's stacks: packed rows and e8m0 bytes, whole 32-element blocks, the bf16 and fp8
+// stacks and the unfused shared MLP absent.
+void validate_mx_stacks(const MoeSpec& spec, const MoeWeightsView& v, int rows) {
+  const int64_t H = spec.hidden, I = spec.expert_intermediate;
+  const ExpertFormat f = v.mx_format;
+  MK_CHECK(f == ExpertFormat::Mxfp4 || f == ExpertFormat::Mxfp8,
+           "expected mx_format Bf16, Mxfp4 or Mxfp8, got " << expert_format_name(f));
+  MK_CHECK(v.expert_dtype == DType::BF16,
+           "an MX view (mx_format " << expert_format_name(f) << ") keeps expert_dtype BF16, got "
+                                    << dtype_name(v.expert_dtype));
+  MK_CHECK(v.w13 == nullptr && v.w2 == nullptr && v.w13_fp8 == nullptr && v.w2_fp8 == nullptr,
+           "an MX view (mx_format " << expert_format_name(f)
+                                    << ") reads w13_mx / w2_mx and their scales; its w13, w2, "
+                                       "w13_fp8 and w2_fp8 must be null");
+  MK_CHECK(v.shared_w13 == nullptr,
+           "an MX view holds the shared expert as its fused slots (fused_slots), not as the "
+           "bf16 unfused MLP: shared_w13 / shared_w2 must be null");
+  MK_CHECK(H % kMxGroup == 0 && I % kMxGroup == 0,
+           "MX experts need hidden and expert_intermediate multiples of "
+               << kMxGroup << " (whole e8m0 blocks), got " << H << " and " << I);
+  if (rows > 0) {
+    const char* missing = v.w13_mx == nullptr         ? "w13_mx"
+                          : v.w13_mx_scale == nullptr ? "w13_mx_scale"
+                          : v.w2_mx == nullptr        ? "w2_mx"
+                          : v.w2_mx_scale == nullptr  ? "w2_mx_scale"
+                                                      : nullptr;
+    MK_CHECK(missing == nullptr, missing << " of the " << expert_format_name(f) << " view of "
+                                         << spec.name << " is null (" << rows << " experts)");
+  }
+  stack_stride(v.w13_expert_stride, 2 * I * static_cast<int64_t>(mx_row_bytes(f, H)),
+               "w13_expert_stride", "[2I, H] packed rows", "bytes");
+  stack_stride(v.w2_expert_stride, H * static_cast<int64_t>(mx_row_bytes(f, I)), "w2_expert_stride",
+               "[H, I] packed rows", "bytes");
+  stack_stride(v.w13_scale_expert_stride, 2 * I * (H / kMxGroup), "w13_scale_expert_stride",
+               "[2I, H/32] e8m0 scales", "bytes");
+  stack_stride(v.w2_scale_expert_stride, H * (I / kMxGroup), "w2_scale_expert_stride",
+               "[H, I/32] e8m0 scales", "bytes");
+}
+
 // The stacks, their biases and the shared expert: what experts() and forward() read.
 void validate_experts(const MoeSpec& spec, const MoeWeightsView& v) {
   const int E = spec.num_experts;
@@ -114,7 +155,13 @@ void validate_experts(const MoeSpec& spec, const MoeWeightsView& v) {
   MK_CHECK(v.expert_dtype == DType::BF16 || v.expert_dtype == DType::F8_E4M3,
            "expected expert_dtype BF16 or F8_E4M3 (fp8 block-scale), got "
                << dtype_name(v.expert_dtype));
-  if (v.fp8()) {
+  MK_CHECK(v.mx() || (v.w13_mx == nullptr && v.w13_mx_scale == nullptr && v.w2_mx == nullptr &&
+                      v.w2_mx_scale == nullptr),
+           "the view's mx_format is Bf16, but its MX stacks (w13_mx, w2_mx, scales) are set: set "
+           "mx_format = Mxfp4 or Mxfp8 to run them");
+  if (v.mx()) {
+    validate_mx_stacks(spec, v, rows);
+  } else if (v.fp8()) {
     validate_fp8_stacks(spec, v, rows);
   } else {
     MK_CHECK(v.w13_fp8 == nullptr && v.w2_fp8 == nullptr && v.w13_scale == nullptr &&
@@ -126,8 +173,10 @@ void validate_experts(const MoeSpec& spec, const MoeWeightsView& v) {
       MK_CHECK(v.w2 != nullptr, "w2 of " << spec.name << " is null (" << rows << " experts)");
     }
   }
-  stack_stride(v.w13_expert_stride, 2 * I * H, "w13_expert_stride", "[2I, H]");
-  stack_stride(v.w2_expert_stride, H * I, "w2_expert_stride", "[H, I]");
+  if (!v.mx()) {
+    stack_stride(v.w13_expert_stride, 2 * I * H, "w13_expert_stride", "[2I, H]");
+    stack_stride(v.w2_expert_stride, H * I, "w2_expert_stride", "[H, I]");
+  }
   if (spec.has_expert_bias && count > 0) {
     MK_CHECK(v.b13 != nullptr && v.b2 != nullptr, spec.name << " has expert biases (gpt-oss) but "
                                                             << (v.b13 == nullptr ? "b13" : "b2")
@@ -151,7 +200,22 @@ ExpertView view_expert(const MoeSpec& spec, const MoeWeightsView& v, int local_r
   const int64_t s13 = v.w13_expert_stride == 0 ? 2 * I * H : v.w13_expert_stride;
   const int64_t s2 = v.w2_expert_stride == 0 ? H * I : v.w2_expert_stride;
   ExpertView ex;
-  if (v.fp8()) {
+  if (v.mx()) {
+    const ExpertFormat f = v.mx_format;
+    const int64_t r13 = 2 * I * static_cast<int64_t>(mx_row_bytes(f, H));
+    const int64_t r2 = H * static_cast<int64_t>(mx_row_bytes(f, I));
+    const int64_t m13 = v.w13_expert_stride == 0 ? r13 : v.w13_expert_stride;
+    const int64_t m2 = v.w2_expert_stride == 0 ? r2 : v.w2_expert_stride;
+    const int64_t g13 =
+        v.w13_scale_expert_stride == 0 ? 2 * I * (H / kMxGroup) : v.w13_scale_expert_stride;
+    const int64_t g2 =
+        v.w2_scale_expert_stride == 0 ? H * (I / kMxGroup) : v.w2_scale_expert_stride;
+    ex.w13_mx = v.w13_mx + local_row * m13;
+    ex.w13_mx_scale = v.w13_mx_scale + local_row * g13;
+    ex.w2_mx = v.w2_mx + local_row * m2;
+    ex.w2_mx_scale = v.w2_mx_scale + local_row * g2;
+    ex.mx_format = f;
+  } else if (v.fp8()) {
     const int64_t t13 = v.w13_scale_expert_stride == 0 ? fp8_w13_scale_floats(spec)
                                                        : v.w13_scale_expert_stride;
     const int64_t t2 =
@@ -181,6 +245,7 @@ ViewLayerWeights::ViewLayerWeights(const MoeSpec& spec, const MoeWeightsView& vi
            "ViewLayerWeights runs the CPU backends on host weights, got a device view");
   validate_view(spec, view, use);
   if (view.fp8()) expert_format_ = ExpertFormat::Fp8Block;
+  if (view.mx()) expert_format_ = view.mx_format;
 }
 
 const float* ViewLayerWeights::router_bias() const {
