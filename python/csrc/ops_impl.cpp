@@ -79,21 +79,33 @@ struct Borrowed {
   std::vector<at::Tensor> keep;  // converted copies the view points into
 };
 
-void set_experts(const MoeSpec& s, Borrowed& b, const at::Tensor& w13, const at::Tensor& w2,
-                 const std::optional<at::Tensor>& b13, const std::optional<at::Tensor>& b2,
-                 int64_t expert_offset, const at::Device& device) {
+// An MX stack [n, rows, bytes] uint8 whose rows are dense; its expert stride in bytes.
+int64_t mx_stack_stride(const at::Tensor& t, const char* name, int64_t rows, int64_t bytes,
+                        const at::Device& device) {
+  TORCH_CHECK(t.dim() == 3 && t.size(1) == rows && t.size(2) == bytes, "moekit: expected ", name,
+              " of shape [n, ", rows, ", ", bytes, "], got ", shape_of(t));
+  TORCH_CHECK(t.scalar_type() == at::kByte, "moekit: expected ", name,
+              " uint8 (packed elements or e8m0 exponent bytes), got ", t.scalar_type());
+  TORCH_CHECK(t.device() == device, "moekit: expected ", name, " on ", device, ", got ",
+              t.device());
+  TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == bytes,
+              "moekit: expected the rows of each expert of ", name, " dense (strides [*, ", bytes,
+              ", 1]), got strides ", t.strides());
+  TORCH_CHECK(t.size(0) <= 1 || t.stride(0) >= rows * bytes, "moekit: expected ", name,
+              "'s expert stride >= ", rows * bytes, ", got ", t.stride(0));
+  return t.size(0) <= 1 ? 0 : t.stride(0);
+}
+
+// The slice of n experts from expert_offset and the expert biases (gpt-oss) of a view.
+void set_slice(const MoeSpec& s, Borrowed& b, int64_t n, int64_t n2,
+               const std::optional<at::Tensor>& b13, const std::optional<at::Tensor>& b2,
+               int64_t expert_offset, const at::Device& device) {
   const int64_t H = s.hidden, I = s.expert_intermediate;
   MoeWeightsView& v = b.view;
-  v.w13_expert_stride = stack_stride(w13, "w13", 2 * I, H, device);
-  v.w2_expert_stride = stack_stride(w2, "w2", H, I, device);
-  const int64_t n = w13.size(0);
-  TORCH_CHECK(w2.size(0) == n, "moekit: expected w2 with as many experts as w13 (", n, "), got ",
-              w2.size(0));
+  TORCH_CHECK(n2 == n, "moekit: expected w2 with as many experts as w13 (", n, "), got ", n2);
   TORCH_CHECK(expert_offset >= 0 && expert_offset + n <= s.num_experts,
               "moekit: expected expert_offset + experts held <= ", s.num_experts,
               " (the spec's experts), got expert_offset ", expert_offset, " + ", n);
-  v.w13 = static_cast<const Bf16*>(w13.data_ptr());
-  v.w2 = static_cast<const Bf16*>(w2.data_ptr());
   v.expert_offset = static_cast<int>(expert_offset);
   v.expert_count = static_cast<int>(n);
   TORCH_CHECK(s.has_expert_bias || (!b13 && !b2), "moekit: ", s.name,
@@ -108,6 +120,48 @@ void set_experts(const MoeSpec& s, Borrowed& b, const at::Tensor& w13, const at:
     v.b13 = b.keep[b.keep.size() - 2].data_ptr<float>();
     v.b2 = b.keep.back().data_ptr<float>();
   }
+}
+
+void set_experts(const MoeSpec& s, Borrowed& b, const at::Tensor& w13, const at::Tensor& w2,
+                 const std::optional<at::Tensor>& b13, const std::optional<at::Tensor>& b2,
+                 int64_t expert_offset, const at::Device& device) {
+  const int64_t H = s.hidden, I = s.expert_intermediate;
+  MoeWeightsView& v = b.view;
+  v.w13_expert_stride = stack_stride(w13, "w13", 2 * I, H, device);
+  v.w2_expert_stride = stack_stride(w2, "w2", H, I, device);
+  v.w13 = static_cast<const Bf16*>(w13.data_ptr());
+  v.w2 = static_cast<const Bf16*>(w2.data_ptr());
+  set_slice(s, b, w13.size(0), w2.size(0), b13, b2, expert_offset, device);
+}
+
+// The MX stacks of a view (format "mxfp4" or "mxfp8"), their biases and slice.
+void set_mx_experts(const MoeSpec& s, Borrowed& b, const MxStacks& w, const std::string& format,
+                    const std::optional<at::Tensor>& b13, const std::optional<at::Tensor>& b2,
+                    int64_t expert_offset, const at::Device& device) {
+  const int64_t H = s.hidden, I = s.expert_intermediate;
+  const ExpertFormat f = parse_expert_format(format);
+  TORCH_CHECK(f == ExpertFormat::Mxfp4 || f == ExpertFormat::Mxfp8,
+              "moekit: expected format mxfp4 or mxfp8, got ", format);
+  TORCH_CHECK(H % kMxGroup == 0 && I % kMxGroup == 0, "moekit: MX experts need hidden and ",
+              "expert_intermediate multiples of ", kMxGroup, ", got ", H, " and ", I);
+  MoeWeightsView& v = b.view;
+  v.mx_format = f;
+  const int64_t rb13 = static_cast<int64_t>(mx_row_bytes(f, H));
+  const int64_t rb2 = static_cast<int64_t>(mx_row_bytes(f, I));
+  v.w13_expert_stride = mx_stack_stride(w.w13, "w13_mx", 2 * I, rb13, device);
+  v.w2_expert_stride = mx_stack_stride(w.w2, "w2_mx", H, rb2, device);
+  v.w13_scale_expert_stride =
+      mx_stack_stride(w.w13_scale, "w13_mx_scale", 2 * I, H / kMxGroup, device);
+  v.w2_scale_expert_stride = mx_stack_stride(w.w2_scale, "w2_mx_scale", H, I / kMxGroup, device);
+  const int64_t n = w.w13.size(0);
+  TORCH_CHECK(w.w13_scale.size(0) == n && w.w2_scale.size(0) == n,
+              "moekit: expected the scales with as many experts as w13_mx (", n, "), got ",
+              w.w13_scale.size(0), " and ", w.w2_scale.size(0));
+  v.w13_mx = w.w13.data_ptr<uint8_t>();
+  v.w13_mx_scale = w.w13_scale.data_ptr<uint8_t>();
+  v.w2_mx = w.w2.data_ptr<uint8_t>();
+  v.w2_mx_scale = w.w2_scale.data_ptr<uint8_t>();
+  set_slice(s, b, n, w.w2.size(0), b13, b2, expert_offset, device);
 }
 
 // x [T, H] as dense bf16 rows (a copy when x is another dtype).
@@ -220,6 +274,34 @@ at::Tensor fused_experts(Location loc, const at::Tensor& x, const at::Tensor& w1
   b.view.location = loc;
   set_experts(s, b, w13, w2, b13, b2, expert_offset, device);
   // experts() reads the stacks only: the view holds no router and no routing biases
+  auto y = at::empty({T, s.hidden}, xb.options());
+  ExpertsOptions eo;
+  eo.add_shared = false;
+  run(loc, s, static_cast<int>(T), device, [&](MoeOp& op, void* ws, size_t bytes, CUstream_st* st) {
+    op.experts(b.view, xb.data_ptr(), ids.data_ptr<int32_t>(), weights.data_ptr<float>(),
+               y.data_ptr(), static_cast<int>(T), eo, ws, bytes, st);
+  });
+  return y.to(x.scalar_type());
+}
+
+at::Tensor fused_experts_mx(Location loc, const at::Tensor& x, const MxStacks& w,
+                            const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                            const std::string& format, const std::string& spec,
+                            const std::optional<at::Tensor>& b13,
+                            const std::optional<at::Tensor>& b2, int64_t expert_offset) {
+  const MoeSpec& s = spec_from_json(spec);
+  const at::Device device = x.device();
+  const at::Tensor xb = bf16_rows(s, x);
+  const int64_t T = x.size(0);
+  check_shape(topk_ids, "topk_ids", {T, s.top_k}, device);
+  check_shape(topk_weights, "topk_weights", {T, s.top_k}, device);
+  TORCH_CHECK(topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong,
+              "moekit: expected topk_ids int32 or int64, got ", topk_ids.scalar_type());
+  const at::Tensor ids = as_dense(topk_ids, at::kInt);
+  const at::Tensor weights = as_dense(topk_weights, at::kFloat);
+  Borrowed b;
+  b.view.location = loc;
+  set_mx_experts(s, b, w, format, b13, b2, expert_offset, device);
   auto y = at::empty({T, s.hidden}, xb.options());
   ExpertsOptions eo;
   eo.add_shared = false;

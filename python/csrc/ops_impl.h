@@ -42,6 +42,20 @@ at::Tensor fused_experts(Location loc, const at::Tensor& x, const at::Tensor& w1
                          const std::optional<at::Tensor>& b13,
                          const std::optional<at::Tensor>& b2, int64_t expert_offset);
 
+// An MX expert stack's four tensors: packed rows [n, 2I, H/2 or H] and e8m0 bytes [n, 2I, H/32]
+// (w13), [n, H, I/2 or I] and [n, H, I/32] (w2), all uint8 (moekit/moe.h's MX view).
+struct MxStacks {
+  at::Tensor w13, w13_scale, w2, w2_scale;
+};
+
+// fused_experts on OCP MX experts (format "mxfp4" or "mxfp8"): the host only (the GPU holds MX
+// experts in its own layout).
+at::Tensor fused_experts_mx(Location loc, const at::Tensor& x, const MxStacks& w,
+                            const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                            const std::string& format, const std::string& spec,
+                            const std::optional<at::Tensor>& b13,
+                            const std::optional<at::Tensor>& b2, int64_t expert_offset);
+
 at::Tensor moe_layer(Location loc, const at::Tensor& x, const at::Tensor& router_weight,
                      const std::optional<at::Tensor>& router_bias,
                      const std::optional<at::Tensor>& correction_bias, const at::Tensor& w13,

@@ -1,6 +1,7 @@
 """moekit: the MoE block of today's LLMs as PyTorch ops.
 
     torch.ops.moekit.route / fused_experts / moe_layer    the ops (CPU; CUDA in a CUDA build)
+    torch.ops.moekit.fused_experts_mx                     fused_experts on OCP MX experts (CPU)
     moekit.MoeSpec                                         a model's MoE spec from its config
     moekit.route / fused_experts / moe_layer               the ops on a MoeSpec, any leading dims
     moekit.read_status / check_status                      what the calls on a device saw
@@ -31,8 +32,8 @@ torch.ops.load_library(str(_ops_library()))
 
 from . import _fake  # noqa: E402,F401  (registers the fake kernels)
 from .ops import (STATUS_EXPERT_ID_OUT_OF_RANGE, check_status, fused_experts,  # noqa: E402
-                  moe_layer, read_status, route)
+                  fused_experts_mx, moe_layer, read_status, route)
 from .spec import MoeSpec  # noqa: E402
 
-__all__ = ["MoeSpec", "route", "fused_experts", "moe_layer", "read_status", "check_status",
-           "STATUS_EXPERT_ID_OUT_OF_RANGE"]
+__all__ = ["MoeSpec", "route", "fused_experts", "fused_experts_mx", "moe_layer", "read_status",
+           "check_status", "STATUS_EXPERT_ID_OUT_OF_RANGE"]

@@ -30,6 +30,12 @@ def _fused_experts_fake(x, w13, w2, topk_ids, topk_weights, spec, b13=None, b2=N
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+@torch.library.register_fake("moekit::fused_experts_mx")
+def _fused_experts_mx_fake(x, w13_mx, w13_mx_scale, w2_mx, w2_mx_scale, topk_ids, topk_weights,
+                           format, spec, b13=None, b2=None, expert_offset=0):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
 @torch.library.register_fake("moekit::moe_layer")
 def _moe_layer_fake(x, router_weight, router_bias, correction_bias, w13, w2, b13, b2, shared_w13,
                     shared_w2, spec, expert_offset=0):

@@ -43,6 +43,24 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids
     return y.reshape(x.shape)
 
 
+def fused_experts_mx(x: torch.Tensor, w13_mx: torch.Tensor, w13_mx_scale: torch.Tensor,
+                     w2_mx: torch.Tensor, w2_mx_scale: torch.Tensor, topk_ids: torch.Tensor,
+                     topk_weights: torch.Tensor, spec: ConfigLike, format: str = "mxfp4",
+                     b13: Optional[torch.Tensor] = None, b2: Optional[torch.Tensor] = None,
+                     expert_offset: int = 0) -> torch.Tensor:
+    """fused_experts on OCP MX experts (CPU tensors; W4A16 / W8A16, each weight dequantised
+    exactly): uint8 w13_mx [n, 2I, H/2] (format "mxfp4": two e2m1 a byte, the even column in the
+    low nibble) or [n, 2I, H] ("mxfp8": e4m3fn), gate rows first; w13_mx_scale [n, 2I, H/32]
+    e8m0 exponent bytes (2^(s - 127)); w2_mx [n, H, I/2 or I] and w2_mx_scale [n, H, I/32]."""
+    s = as_spec(spec)
+    h = x.shape[-1]
+    k = topk_ids.shape[-1]
+    y = torch.ops.moekit.fused_experts_mx(
+        x.reshape(-1, h), w13_mx, w13_mx_scale, w2_mx, w2_mx_scale, topk_ids.reshape(-1, k),
+        topk_weights.reshape(-1, k), format, s.json, b13, b2, expert_offset)
+    return y.reshape(x.shape)
+
+
 def moe_layer(x: torch.Tensor, spec: ConfigLike, router_weight: torch.Tensor, w13: torch.Tensor,
               w2: torch.Tensor, *, router_bias: Optional[torch.Tensor] = None,
               correction_bias: Optional[torch.Tensor] = None, b13: Optional[torch.Tensor] = None,
