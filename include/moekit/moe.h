@@ -36,13 +36,13 @@
 //   w13_mx            [n, 2I, mx_row_bytes(H)] u8  MXFP4: two e2m1 a byte, the even column in the
 //                                          low nibble; MXFP8: e4m3fn; gate rows first, as w13
 //                                          (gpt-oss's interleaved checkpoint rows de-interleaved)
-//   w13_mx_scale      [n, 2I, H/32] u8     e8m0 exponent bytes (2^(s-127), 255 refused)
+//   w13_mx_scale      [n, 2I, H/32] u8     e8m0 exponent bytes: 2^(s-127), 255 is NaN
 //   w2_mx             [n, H, mx_row_bytes(I)] u8, w2_mx_scale [n, H, I/32] u8
 // Their expert strides count bytes (the scales' in w13/w2_scale_expert_stride); the shared
 // expert of an MX view is its fused slots. The bytes are not scanned (the checkpoint loader
-// refuses an e8m0 byte 255 and an e4m3 NaN code; a view holding one computes NaN). The GPU holds MX
-// experts in its own layout (cuda::GpuMoeLayer::create on their LayerWeights): device views are
-// bf16 or fp8.
+// refuses an e8m0 byte 255 and an e4m3 NaN code; a view holding one computes NaN). The GPU
+// holds MX experts in its own layout (cuda::GpuMoeLayer::create on their LayerWeights): device
+// views are bf16 or fp8.
 //
 // with n = expert_count + fused_slots rows of the stacks: the view's routed experts (global ids
 // [expert_offset, expert_offset + expert_count), local row id - expert_offset), then, when
