@@ -6,7 +6,7 @@
 # scripts/install_deps.sh: site-packages/nvidia/nccl/{include,lib}), the CUDA toolkit's copy, the
 # system's. Sets MOEKIT_HAVE_NCCL, MOEKIT_NCCL_INCLUDE_DIR, MOEKIT_NCCL_LIBRARY.
 #
-# Only src/ep/nccl_info.cpp sees nccl.h, and nothing links libnccl at build time: moekit loads it
+# Only src/ep/nccl_library.cpp sees nccl.h, and nothing links libnccl at build time: moekit loads it
 # at run time (dlopen), so a binary built here still starts where the wheel is absent and says
 # why expert parallelism is off.
 set(MOEKIT_NCCL AUTO CACHE STRING "Expert parallelism over NCCL: AUTO (when found), ON, OFF")
@@ -62,8 +62,8 @@ else()
   message(STATUS "moekit: NCCL OFF (${moekit_nccl_why}): expert parallelism is off")
 endif()
 
-# The one translation unit that reads nccl.h: moekit::ep::nccl_support() (src/ep/nccl_info.cpp).
-set(moekit_nccl_info_source "${CMAKE_CURRENT_SOURCE_DIR}/src/ep/nccl_info.cpp")
+# The one translation unit that reads nccl.h: moekit::ep::nccl_support() (src/ep/nccl_library.cpp).
+set(moekit_nccl_info_source "${CMAKE_CURRENT_SOURCE_DIR}/src/ep/nccl_library.cpp")
 if(MOEKIT_HAVE_NCCL)
   set_source_files_properties("${moekit_nccl_info_source}" PROPERTIES
     INCLUDE_DIRECTORIES "${MOEKIT_NCCL_INCLUDE_DIR};${CUDAToolkit_INCLUDE_DIRS}"

@@ -2,7 +2,7 @@
 // token rows sent to the ranks that hold their experts and the expert outputs sent back
 // (docs/decisions/expert_parallel.md). This header is the host-side planning layer, which builds
 // without CUDA or NCCL: the CPU simulation (ep_cpu.h) executes its plans, and the GPU path
-// (ep_local.h) computes the same placement and token order on the device:
+// (ep_layer.h) computes the same placement and token order on the device:
 //
 //   Placement       which rank holds which experts: contiguous ranges by default, or any
 //                   logical -> physical map with replicas; the shared expert on every rank, its

@@ -6,7 +6,11 @@
 // absent, and says so.
 #pragma once
 
+#include <array>
 #include <string>
+#include <vector>
+
+struct ncclComm;  // nccl.h's ncclComm_t is ncclComm*
 
 namespace moekit::ep {
 
@@ -24,5 +28,37 @@ struct NcclSupport {
 
 // Looks once (the library is loaded at the first call and kept).
 const NcclSupport& nccl_support();
+
+// nccl.h's ncclUniqueId, as bytes: one rank makes it, the engine hands it to every rank.
+struct NcclUniqueId {
+  std::array<char, 128> bytes{};
+};
+NcclUniqueId nccl_unique_id();  // ncclGetUniqueId; throws naming why when NCCL is off
+
+// An NCCL communicator moekit creates and destroys, for engines that do not own one (an engine
+// that does passes its own ncclComm_t to ep::MoeLayer). Move-only.
+class Communicator {
+ public:
+  // ncclCommInitRank of `rank` among `world_size` on `device` (blocks until every rank joined).
+  Communicator(const NcclUniqueId& id, int world_size, int rank, int device);
+  // ncclCommInitAll: one process driving devices[r] as rank r.
+  static std::vector<Communicator> all(const std::vector<int>& devices);
+  ~Communicator();
+  Communicator(Communicator&& o) noexcept;
+  Communicator& operator=(Communicator&& o) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  ncclComm* get() const { return comm_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int device() const { return device_; }
+
+ private:
+  Communicator(ncclComm* comm, int rank, int world_size, int device)
+      : comm_(comm), rank_(rank), world_size_(world_size), device_(device) {}
+  ncclComm* comm_ = nullptr;
+  int rank_ = 0, world_size_ = 0, device_ = 0;
+};
 
 }  // namespace moekit::ep

@@ -1,5 +1,5 @@
 // What the engine API's GPU tests share (test_engine_api_gpu.cpp, test_engine_fp8_gpu.cpp,
-// test_ep_local.cpp): a device buffer, the engine's device copy of make_stacks' buffers (bf16 or
+// test_ep_gpu.cpp): a device buffer, the engine's device copy of make_stacks' buffers (bf16 or
 // fp8) with the device view of it, and a MoeOp with its prepared workspace.
 #pragma once
 

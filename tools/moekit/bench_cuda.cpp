@@ -23,14 +23,6 @@
 namespace moekit::cli {
 namespace {
 
-std::string utc_now() {
-  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-
 // ---- --plot: the batch sweep as a PNG, with no image library ----
 // x: batch (log2 axis), y: us per layer (linear from 0). Blue = fused, red = unfused, gray =
 // bytes floor. Tick labels use a 5x7 digit font; the legend is printed to stdout.

@@ -1,6 +1,8 @@
 // The CLI's process context (cli_context.h).
 #include "cli_context.h"
 
+#include <ctime>
+
 #include "moekit/cuda_layer.h"
 #include "moekit/router_gemm.h"
 
@@ -22,6 +24,13 @@ void init_context(int argc, char** argv) {
 }
 
 const std::string& command_line() { return g_command_line; }
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
 const plan::PlanOverrides& env_overrides() { return g_overrides; }
 
 }  // namespace moekit::cli

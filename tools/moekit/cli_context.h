@@ -13,6 +13,7 @@ namespace moekit::cli {
 // MOEKIT_PDL=0 to the router GEMM (cuda::set_router_gemm_pdl). Throws on a malformed variable.
 void init_context(int argc, char** argv);
 const std::string& command_line();
+std::string utc_now();  // "2026-12-04T19:40:00Z": the date bench JSON records
 const plan::PlanOverrides& env_overrides();
 
 }  // namespace moekit::cli

@@ -1,6 +1,7 @@
 // `moekit bench --model M [--batch 1,32,128] [--device cpu|cuda] [--fuse-shared ...] [--json]`:
 // per-layer time and tokens/s; the CPU and CUDA backends each measure their own bandwidth ceiling
-// in the same run (bench_cpu.cpp, bench_cuda.cpp). `bench router-gemm` is a sub-benchmark.
+// in the same run (bench_cpu.cpp, bench_cuda.cpp). `bench router-gemm` is a sub-benchmark; `--ep N`
+// the expert-parallel layer over N ranks (bench_ep.cpp).
 #include "cli_common.h"
 #include "commands.h"
 #include "forward_backends.h"
@@ -35,21 +36,44 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype,
                   "Experts' dtype: bf16|fp8|mxfp4|mxfp8|config (what the config declares)")
       ->capture_default_str();
-  auto ep = std::make_shared<int>(1);
-  cmd->add_option("--ep", *ep, "Expert-parallel ranks (GPUs); 1 = one GPU holds every expert")
+  auto ep = std::make_shared<EpCliOptions>();
+  cmd->add_option("--ep", ep->world, "Expert-parallel ranks; 1 = one GPU holds every expert")
       ->capture_default_str()
       ->check(decimal_integer(true));
+  cmd->add_option("--ep-transport", ep->transport,
+                  "With --ep: nccl (one GPU per rank) | local (every rank on one GPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"nccl", "local"}));
+  cmd->add_option("--ep-mode", ep->mode, "With --ep: both | throughput | low-latency")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"both", "throughput", "low-latency"}));
   cmd->require_subcommand(0, 1);
   cmd->callback([cmd, o, batches, fuse, ep] {
     if (!cmd->get_subcommands().empty()) return;  // a sub-benchmark ran instead
-    MK_CHECK(*ep >= 1, "bench: expected --ep >= 1, got " << *ep);
-    if (*ep > 1) {
+    MK_CHECK(ep->world >= 1, "bench: expected --ep >= 1, got " << ep->world);
+    const bool ep_bench =
+        ep->world > 1 || cmd->count("--ep-transport") > 0 || cmd->count("--ep-mode") > 0;
+    if (ep->world > 1 && ep->transport == "nccl") {
       const ep::NcclSupport& nccl = ep::nccl_support();
-      MK_CHECK(nccl.on(), "bench --ep " << *ep << ": " << nccl.describe());
-      MK_FAIL("bench --ep " << *ep << ": the multi-GPU expert-parallel bench is not built yet ("
-                            << nccl.describe()
-                            << "); the placement, the dispatch plans and their CPU simulation "
-                               "are (moekit/ep.h, moekit/ep_cpu.h)");
+      MK_CHECK(nccl.on(), "bench --ep " << ep->world << ": " << nccl.describe());
+    }
+    if (ep_bench) {
+      MK_CHECK(!o->model.empty(), "bench: --model is required");
+      for (const char* unused : {"--weights", "--plot", "--trace", "--threads", "--backend",
+                                 "--dtype", "--fuse-shared"}) {
+        MK_CHECK(cmd->count(unused) == 0,
+                 "bench --ep: " << unused
+                                << " belongs to the one-GPU bench (the expert-parallel "
+                                   "bench runs random bf16 weights, the shared expert "
+                                   "fused)");
+      }
+      o->batches = parse_token_list(*batches, "--batch");
+      MK_CHECK(resolve_device(o->device) == "cuda", "bench --ep runs on GPUs; --device "
+                                                        << o->device << " gives the CPU here ("
+                                                        << ep::nccl_support().describe() << ")");
+      const int status = run_bench_ep(*o, *ep);
+      if (status != 0) throw CLI::RuntimeError(status);
+      return;
     }
     MK_CHECK(!o->model.empty(), "bench: --model is required");
     o->batches = parse_token_list(*batches, "--batch");

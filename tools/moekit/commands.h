@@ -30,6 +30,14 @@ struct BenchOptions {
                                   // also mxfp4 | mxfp8
 };
 
+// `moekit bench --ep N` (bench_ep.cpp): ranks, transport (nccl | local), modes (both |
+// throughput | low-latency).
+struct EpCliOptions {
+  int world = 1;
+  std::string transport = "nccl";
+  std::string mode = "both";
+};
+
 void add_inspect_command(CLI::App& app);   // cmd_inspect.cpp
 void add_run_command(CLI::App& app);       // cmd_run.cpp
 CLI::App* add_bench_command(CLI::App& app);  // cmd_bench.cpp: returns `bench` for sub-benches
@@ -40,5 +48,6 @@ void add_bench_stream_command(CLI::App& bench);       // bench_stream.cpp
 
 int run_bench_cpu(const BenchOptions& opt);   // bench_cpu.cpp
 int run_bench_cuda(const BenchOptions& opt);  // bench_cuda.cpp
+int run_bench_ep(const BenchOptions& opt, const EpCliOptions& ep);  // bench_ep.cpp
 
 }  // namespace moekit::cli

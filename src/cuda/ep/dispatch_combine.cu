@@ -1,4 +1,6 @@
 // Launchers of the expert-parallel dispatch and combine kernels (dispatch_combine.cuh).
+#include <algorithm>
+
 #include "cuda/common/cuda_check.h"
 #include "cuda/ep/dispatch_combine.cuh"
 
@@ -6,7 +8,9 @@ namespace moekit::cuda {
 
 void launch_ep_dispatch_pack(const EpPackParams& p, cudaStream_t stream) {
   if (p.num_dests == 0) return;
-  ep_dispatch_pack<<<p.num_dests, kPackThreads, 0, stream>>>(p);
+  const unsigned groups =
+      static_cast<unsigned>(std::max(1, (p.tokens + kPackTokens - 1) / kPackTokens));
+  ep_dispatch_pack<<<dim3(groups, p.num_dests), kPackThreads, 0, stream>>>(p);
   MK_CUDA_CHECK(cudaGetLastError());
 }
 

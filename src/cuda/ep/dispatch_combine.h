@@ -1,5 +1,5 @@
 // The expert-parallel dispatch and combine kernels' parameters and launchers
-// (dispatch_combine.cuh holds the kernels; include/moekit/ep_local.h the op that runs them).
+// (dispatch_combine.cuh holds the kernels; src/cuda/ep/rank_runner.h runs them).
 //
 //   ep_dispatch_pack   one source rank's tokens -> per destination rank d: which tokens have a
 //                      pair on d (pos[t] = their packed row, or -1), those x rows and their whole
@@ -39,7 +39,7 @@ struct EpPackParams {
   int hidden = 0;  // H, a multiple of 8 (rows copied as 16-byte vectors)
   int top_k = 0;
   int fill_rows = 0;  // low latency: the block's capacity (rows past the count filled); else 0
-  int num_dests = 0;  // one CTA each
+  int num_dests = 0;  // grid.y
   EpPackDest dests[kEpMaxRanks];
 };
 

@@ -22,6 +22,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
+#include "cuda/common/device_guard.h"
 #include "cuda/layer/shared_dense.h"
 #include "cuda/routing/routing.h"
 #include "moekit/cuda_layer.h"
@@ -85,27 +86,6 @@ struct LayerWorkspace {
   // the engine API's: a routing of [T, k] before its expansion
   int32_t* topk_ids = nullptr;
   float* topk_weights = nullptr;
-};
-
-// Makes `device` current for its scope and restores the caller's device after (the library
-// leaves the caller's current device as it found it).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    MK_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) MK_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) {
-      MK_CUDA_WARN(cudaSetDevice(previous_));
-    }
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
 };
 
 struct GpuMoeLayer::Impl {
