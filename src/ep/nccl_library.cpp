@@ -62,10 +62,9 @@ struct Library {
 
 #if defined(MOEKIT_WITH_NCCL)
 template <typename F>
-bool resolve(void* handle, const char* name, F& out, std::string& missing) {
+void resolve(void* handle, const char* name, F& out, std::string& missing) {
   out = reinterpret_cast<F>(dlsym(handle, name));
   if (out == nullptr) missing += std::string(missing.empty() ? "" : ", ") + name;
-  return out != nullptr;
 }
 #endif
 

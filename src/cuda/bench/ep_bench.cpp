@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "common/random_values.h"
+#include "cuda/bench/graph_timing.h"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/device_buffer.h"
 #include "cuda/common/device_guard.h"
@@ -137,21 +138,17 @@ double link_gbs(int a, int b, size_t bytes) {
         MK_CUDA_CHECK(e);
     }
   }
-  cudaEvent_t t0, t1;
-  MK_CUDA_CHECK(cudaEventCreate(&t0));
-  MK_CUDA_CHECK(cudaEventCreate(&t1));
+  cuda::bench_timing::Events ev;
   std::vector<float> ms;
   for (int i = 0; i < 6; ++i) {
-    MK_CUDA_CHECK(cudaEventRecord(t0, nullptr));
+    MK_CUDA_CHECK(cudaEventRecord(ev.a, nullptr));
     MK_CUDA_CHECK(cudaMemcpyPeerAsync(dst.ptr, b, src.ptr, a, bytes, nullptr));
-    MK_CUDA_CHECK(cudaEventRecord(t1, nullptr));
-    MK_CUDA_CHECK(cudaEventSynchronize(t1));
+    MK_CUDA_CHECK(cudaEventRecord(ev.b, nullptr));
+    MK_CUDA_CHECK(cudaEventSynchronize(ev.b));
     float m = 0;
-    MK_CUDA_CHECK(cudaEventElapsedTime(&m, t0, t1));
+    MK_CUDA_CHECK(cudaEventElapsedTime(&m, ev.a, ev.b));
     if (i > 0) ms.push_back(m);
   }
-  MK_CUDA_WARN(cudaEventDestroy(t0));
-  MK_CUDA_WARN(cudaEventDestroy(t1));
   std::sort(ms.begin(), ms.end());
   return static_cast<double>(bytes) / (ms[ms.size() / 2] * 1e-3) / 1e9;
 }
@@ -229,11 +226,13 @@ double relative_error(const DeviceBuffer& whole_y, const std::vector<DeviceBuffe
   return std::sqrt(err / std::max(norm, 1e-30));
 }
 
-// Each phase's slowest rank; the busiest rank's bytes.
-RankStats slowest_of(const GroupLayer& layer) {
-  RankStats m;
+// Each phase's slowest rank and the busiest rank's bytes into rec.slowest; every rank's bytes
+// into rec.link_bytes.
+void read_stats(const GroupLayer& layer, EpBenchRecord& rec) {
+  RankStats& m = rec.slowest;
   for (int r = 0; r < layer.world_size(); ++r) {
     const RankStats s = layer.stats(r);
+    rec.link_bytes += static_cast<double>(s.dispatch_bytes + s.return_bytes);
     m.route_us = std::max(m.route_us, s.route_us);
     m.home_us = std::max(m.home_us, s.home_us);
     m.pack_us = std::max(m.pack_us, s.pack_us);
@@ -248,7 +247,6 @@ RankStats slowest_of(const GroupLayer& layer) {
       m.return_bytes = s.return_bytes;
     }
   }
-  return m;
 }
 
 }  // namespace
@@ -270,7 +268,7 @@ std::vector<EpBenchRecord> bench_ep(const EpBenchOptions& opt, bool verbose) {
   std::vector<int> devices;
   for (int r = 0; r < W; ++r) devices.push_back(nccl_transport ? r : 0);
   const Placement placement = Placement::contiguous(spec.num_experts, W);
-  const int cap = *std::max_element(opt.batches.begin(), opt.batches.end());
+  const int max_batch = *std::max_element(opt.batches.begin(), opt.batches.end());
 
   std::vector<std::unique_ptr<RankWeights>> weights;
   for (int r = 0; r < W; ++r) {
@@ -291,10 +289,11 @@ std::vector<EpBenchRecord> bench_ep(const EpBenchOptions& opt, bool verbose) {
   const size_t row = static_cast<size_t>(spec.hidden) * sizeof(Bf16);
   for (int r = 0; r < W; ++r) {
     cuda::DeviceGuard guard(devices[r]);
-    xs.emplace_back(cap * row);
-    ys.emplace_back(cap * row);
-    cuda::fill_random_bf16(xs.back().as<__nv_bfloat16>(), static_cast<size_t>(cap) * spec.hidden, 1,
-                           opt.seed, -1, rv::Tensor::Input, r, 1.0f, nullptr);
+    xs.emplace_back(max_batch * row);
+    ys.emplace_back(max_batch * row);
+    cuda::fill_random_bf16(xs.back().as<__nv_bfloat16>(),
+                           static_cast<size_t>(max_batch) * spec.hidden, 1, opt.seed, -1,
+                           rv::Tensor::Input, r, 1.0f, nullptr);
   }
   const double gbs = link_gbs(devices[0], devices[W > 1 ? 1 : 0], size_t{256} << 20);
 
@@ -332,11 +331,7 @@ std::vector<EpBenchRecord> bench_ep(const EpBenchOptions& opt, bool verbose) {
       rec.world = W;
       rec.tokens_per_rank = T;
       rec.us_per_forward = wall / iters;
-      rec.slowest = slowest_of(layer);
-      for (int r = 0; r < W; ++r) {
-        const RankStats s = layer.stats(r);
-        rec.link_bytes += static_cast<double>(s.dispatch_bytes + s.return_bytes);
-      }
+      read_stats(layer, rec);
       rec.link_gbs = gbs;
       rec.exchange_us = rec.slowest.dispatch_us + rec.slowest.return_us;
       rec.exchange_floor_us =

@@ -46,6 +46,8 @@ RankRunner::RankRunner(const MoeSpec& spec, const Placement& placement, int rank
     MK_CHECK(placement.contiguous_first(r) >= 0,
              "the GPU path takes contiguous placements (the engine API's expert slices), rank "
                  << r << " holds " << placement.describe());
+    // a destination must leave an id outside its slice for the fill rows: refused here, not in
+    // a forward
     if (r != rank && W_ > 1) sentinel_for(placement, r);
   }
   cuda::DeviceGuard guard(options.engine.device);
@@ -149,8 +151,7 @@ int RankRunner::received_rows() const {
 }
 
 void RankRunner::start(const RankIo& io, cudaStream_t s) {
-  check(io);
-  io_ = io;
+  io_ = io;  // (run_forward checked every rank's io before any rank starts)
   stream_ = s;
   cuda::DeviceGuard guard(device());
   mark(kStart);

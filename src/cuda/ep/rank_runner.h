@@ -35,7 +35,7 @@ class RankRunner {
   bool low_latency() const { return low_latency_; }
 
   void check(const RankIo& io) const;            // throws naming what does not fit, sends nothing
-  void start(const RankIo& io, cudaStream_t s);  // route, home, pack
+  void start(const RankIo& io, cudaStream_t s);  // route, home, pack (io already checked)
   void post_counts(Exchange& ex);                // Throughput: the row counts, each way
   void read_counts();                            // Throughput: counts to the host (async)
   void wait_counts();                            // Throughput: the host counts are there
