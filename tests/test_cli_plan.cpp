@@ -43,7 +43,7 @@ CliOutput run_moekit(const std::string& args) {
                         "MOEKIT_PRINT_CONFIG",
                         "MOEKIT_FUSE_SHARED_EXPERTS",
                         "MOEKIT_EXPERTS_GROUPED_FROM",
-                        "MOEKIT_EXPERTS_GROUPED_TILE",
+                        "MOEKIT_EXPERTS_GROUPED_GEMM",
                         "MOEKIT_EXPERTS_MX_CHUNK"}) {
     cleared.push_back(std::make_unique<test::ScopedEnv>(v, nullptr));
   }
@@ -119,20 +119,50 @@ TEST(CliPlan, JsonNamesTheSameKernelsPerBatch) {
   EXPECT_EQ(j[0]["routing_kernel"], false) << "one token: the gate/up kernel routes it itself";
 }
 
-TEST(CliListKernels, ListsThe47InstancesOfTheTable) {
+TEST(CliListKernels, ListsEveryInstanceOfBothTables) {
   SKIP_WITHOUT_CLI();
   const CliOutput r = run_moekit("list-kernels");
   ASSERT_EQ(r.status, 0) << r.out;
   const std::vector<std::string> lines = lines_of(r.out);
   const auto kernels = plan::expert_kernels();
-  ASSERT_EQ(lines.size(), 47u) << r.out;
+  const auto grouped = plan::grouped_gemm_kernels();
   ASSERT_EQ(kernels.size(), 47u);
-  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i], plan::describe(kernels[i]));
+  ASSERT_EQ(lines.size(), kernels.size() + grouped.size()) << r.out;
+  for (size_t i = 0; i < kernels.size(); ++i) EXPECT_EQ(lines[i], plan::describe(kernels[i]));
+  for (size_t i = 0; i < grouped.size(); ++i) {
+    EXPECT_EQ(lines[kernels.size() + i], plan::describe(grouped[i]));
+  }
   const CliOutput js = run_moekit("list-kernels --json");
   ASSERT_EQ(js.status, 0) << js.out;
   const nlohmann::json j = nlohmann::json::parse(js.out);
-  ASSERT_EQ(j.size(), 47u);
-  for (size_t i = 0; i < j.size(); ++i) EXPECT_EQ(j[i]["name"], kernels[i].name);
+  ASSERT_EQ(j.size(), kernels.size() + grouped.size());
+  for (size_t i = 0; i < kernels.size(); ++i) EXPECT_EQ(j[i]["name"], kernels[i].name);
+  for (size_t i = 0; i < grouped.size(); ++i) {
+    const nlohmann::json& g = j[kernels.size() + i];
+    EXPECT_EQ(g["name"], grouped[i].name);
+    EXPECT_EQ(g["stream"], "grouped");
+    EXPECT_EQ(g["tile_m"], grouped[i].tile_m);
+  }
+}
+
+// `bench grouped-gemm` names what it cannot run before it looks for a GPU.
+TEST(CliBenchGroupedGemm, BadInstancesAndDtypesAreNamed) {
+  SKIP_WITHOUT_CLI();
+  const CliOutput unknown =
+      run_moekit("bench grouped-gemm --model deepseek-v3 --kernels grouped_bf16_96x256_coop");
+  EXPECT_NE(unknown.status, 0);
+  EXPECT_NE(unknown.out.find("--kernels names 'grouped_bf16_96x256_coop', not an instance"),
+            std::string::npos)
+      << unknown.out;
+  const CliOutput wrong_dtype = run_moekit(
+      "bench grouped-gemm --model deepseek-v3 --dtype fp8 --kernels grouped_bf16_128x256_coop");
+  EXPECT_NE(wrong_dtype.status, 0);
+  EXPECT_NE(wrong_dtype.out.find("grouped_bf16_128x256_coop, not a fp8 instance"),
+            std::string::npos)
+      << wrong_dtype.out;
+  const CliOutput dtype = run_moekit("bench grouped-gemm --model deepseek-v3 --dtype fp4");
+  EXPECT_NE(dtype.status, 0);
+  EXPECT_NE(dtype.out.find("fp4 not in {bf16,fp8}"), std::string::npos) << dtype.out;
 }
 
 // --dtype mxfp4 / mxfp8: the MX plans, the MX instances (MiniMax-M3's shared expert fused) at

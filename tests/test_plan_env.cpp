@@ -21,7 +21,7 @@ const char* const kAllVariables[] = {
     "MOEKIT_EXPERTS_ONE_TOKEN_RING", "MOEKIT_EXPERTS_L2_ACTS",      "MOEKIT_EXPERTS_L2_KEEP_FROM",
     "MOEKIT_EXPERTS_DOWN_TAIL",      "MOEKIT_EXPERTS_HALF_ITEMS",   "MOEKIT_EXPERTS_SELF_ROUTE",
     "MOEKIT_EXPERTS_TASK16",         "MOEKIT_SHARED_DENSE",         "MOEKIT_PDL",
-    "MOEKIT_PRINT_CONFIG",           "MOEKIT_EXPERTS_GROUPED_FROM", "MOEKIT_EXPERTS_GROUPED_TILE",
+    "MOEKIT_PRINT_CONFIG",           "MOEKIT_EXPERTS_GROUPED_FROM", "MOEKIT_EXPERTS_GROUPED_GEMM",
     "MOEKIT_EXPERTS_MX_CHUNK"};
 
 // Each test starts with none of them set (the caller's environment restored afterwards).
@@ -76,6 +76,30 @@ TEST_F(PlanEnv, PdlAndPrintAreZeroOrOne) {
     const test::ScopedEnv env(var, "yes");
     test::expect_error([] { plan_overrides_from_env(); },
                        {std::string(var) + "='yes' (expected 0 or 1)"});
+  }
+}
+
+TEST_F(PlanEnv, GroupedGemmNamesOneInstanceForBothGemmsOrOneEach) {
+  const auto kernels = grouped_gemm_kernels();
+  ASSERT_GE(kernels.size(), 2u);
+  {
+    const test::ScopedEnv env("MOEKIT_EXPERTS_GROUPED_GEMM", kernels[1].name);
+    const PlanOverrides o = plan_overrides_from_env();
+    EXPECT_EQ(o.grouped_gate_up, 1);
+    EXPECT_EQ(o.grouped_down, 1);
+  }
+  {
+    const std::string both = std::string(kernels[1].name) + "," + kernels[0].name;
+    const test::ScopedEnv env("MOEKIT_EXPERTS_GROUPED_GEMM", both.c_str());
+    const PlanOverrides o = plan_overrides_from_env();
+    EXPECT_EQ(o.grouped_gate_up, 1);
+    EXPECT_EQ(o.grouped_down, 0);
+  }
+  for (const char* bad : {"grouped_bf16_96x256_coop", "64", ","}) {
+    const test::ScopedEnv env("MOEKIT_EXPERTS_GROUPED_GEMM", bad);
+    test::expect_error([] { plan_overrides_from_env(); },
+                       {std::string("MOEKIT_EXPERTS_GROUPED_GEMM='") + bad + "'",
+                        "no grouped GEMM instance", kernels[0].name});
   }
 }
 

@@ -3,6 +3,7 @@
 // (PlanOverrides: -1 takes the rule) forcing it on and off.
 #include <gtest/gtest.h>
 
+#include "expect_error.h"
 #include "moekit/error.h"
 #include "moekit/plan.h"
 #include "moekit/spec.h"
@@ -232,19 +233,54 @@ TEST(PlanRules, GroupedPaddedRowsBoundTheRealRowsAndShrinkWithTheTile) {
   EXPECT_LT(r128, 1.7);
 }
 
-TEST(PlanRules, GroupedTileIsTheSettingWhenGiven) {
-  for (int setting : {64, 128}) {
-    EXPECT_EQ(experts_grouped_tile_m(4096, 8, 256, 1, setting), setting);
-    EXPECT_EQ(experts_grouped_tile_m(16384, 2, 8, 0, setting), setting);
+// docs/decisions/experts_grouped_gemms.md: the faster pair of instances of each measured layer
+TEST(PlanRules, GroupedTileIsTheMeasuredFasterOne) {
+  struct Point {
+    int tokens, top_k, experts, shared;
+    bool fp8;
+    int tile_m;
+  };
+  for (const Point p : {
+           // bf16: the 64-row ping-pong at 512-4096 tokens on DeepSeek-V3, MiniMax-M3,
+           // Qwen3-30B-A3B and Mixtral-8x7B (where neither tile pads), the 128-row cooperative
+           // one at 16384
+           Point{512, 8, 256, 1, false, 64}, Point{4096, 8, 256, 1, false, 64},
+           Point{4096, 4, 128, 1, false, 64}, Point{4096, 8, 128, 0, false, 64},
+           Point{2048, 2, 8, 0, false, 64}, Point{4096, 2, 8, 0, false, 64},
+           Point{16384, 8, 256, 1, false, 128}, Point{16384, 4, 128, 1, false, 128},
+           Point{16384, 8, 128, 0, false, 128}, Point{16384, 2, 8, 0, false, 128},
+           // fp8 (DeepSeek-V3, MiniMax-M2: 256 experts, top 8): ping-pong up to 64 routed rows
+           // per expert, cooperative from 128
+           Point{256, 8, 256, 1, true, 64}, Point{1024, 8, 256, 1, true, 64},
+           Point{2048, 8, 256, 1, true, 64}, Point{2048, 8, 256, 0, true, 64},
+           Point{4096, 8, 256, 1, true, 128}, Point{4096, 8, 256, 0, true, 128},
+           Point{16384, 8, 256, 1, true, 128}}) {
+    EXPECT_EQ(experts_grouped_tile_m(p.tokens, p.top_k, p.experts, p.shared, p.fp8), p.tile_m)
+        << p.tokens << " tokens, top " << p.top_k << " of " << p.experts << (p.fp8 ? " fp8" : "");
   }
-  // the measured shapes: 64 rows where an expert's last tile pads much (DeepSeek-V3 and
-  // Qwen3-30B-A3B up to 4096 tokens), 128 once the padding is a few percent (16384 tokens, Mixtral)
-  EXPECT_EQ(experts_grouped_tile_m(512, 8, 256, 1, -1), 64);
-  EXPECT_EQ(experts_grouped_tile_m(4096, 8, 256, 1, -1), 64);
-  EXPECT_EQ(experts_grouped_tile_m(4096, 8, 128, 0, -1), 64);
-  EXPECT_EQ(experts_grouped_tile_m(16384, 8, 256, 1, -1), 128);
-  EXPECT_EQ(experts_grouped_tile_m(16384, 8, 128, 0, -1), 128);
-  EXPECT_EQ(experts_grouped_tile_m(4096, 2, 8, 0, -1), 128);
+}
+
+TEST(PlanRules, GroupedGemmsAreTheDtypesInstancesOfTheTileOrTheSettings) {
+  const auto kernels = grouped_gemm_kernels();
+  for (const bool fp8 : {false, true}) {
+    for (const int tokens : {512, 4096, 16384}) {
+      const GroupedGemms g = experts_grouped_gemms(tokens, 8, 256, 1, fp8, -1, -1);
+      ASSERT_GE(g.gate_up, 0);
+      EXPECT_EQ(g.gate_up, g.down) << "one instance for both GEMMs";
+      EXPECT_EQ(kernels[g.gate_up].fp8, fp8);
+      EXPECT_EQ(kernels[g.gate_up].tile_m, experts_grouped_tile_m(tokens, 8, 256, 1, fp8));
+    }
+  }
+  const int bf16_64 = find_grouped_gemm("grouped_bf16_64x256_pingpong");
+  const int bf16_128 = find_grouped_gemm("grouped_bf16_128x256_coop");
+  const GroupedGemms forced = experts_grouped_gemms(16384, 8, 256, 1, false, bf16_64, bf16_128);
+  EXPECT_EQ(forced.gate_up, bf16_64);
+  EXPECT_EQ(forced.down, bf16_128);
+  const int fp8_64 = find_grouped_gemm("grouped_fp8_64x128_pingpong");
+  test::expect_error([&] { experts_grouped_gemms(4096, 8, 256, 1, false, fp8_64, -1); },
+                     {"grouped_fp8_64x128_pingpong takes fp8 operands", "holds bf16 experts"});
+  test::expect_error([&] { experts_grouped_gemms(4096, 8, 256, 1, true, -1, bf16_64); },
+                     {"down grouped GEMM", "takes bf16 operands", "holds fp8 experts"});
 }
 
 TEST(PlanRules, TasksOf16TokensFrom8RoutedTokensPerExpertUnlessForced) {

@@ -186,6 +186,48 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
 // The read kernel alone: GB/s (1e9 B/s) of a 16-byte-load read over `bytes`, median of replays.
 double measure_read_bandwidth(size_t bytes, int device = 0);
 
+// ---- the prefill path's grouped GEMMs alone (src/cuda/bench/grouped_gemm_bench.cu,
+// `moekit bench grouped-gemm`) ----
+
+struct GroupedGemmBenchOptions {
+  MoeSpec spec;
+  std::vector<int> batches{1024, 4096};
+  bool fp8 = false;          // the fp8 instances (W8A8 operands) instead of the bf16 ones
+  bool fuse_shared = true;   // the shared expert as more groups (where the spec has one)
+  uint64_t seed = 0;         // the routing's and the operands'
+  int reps = 10;             // timed graph replays per instance (median)
+  std::vector<int> kernels;  // rows of plan::grouped_gemm_kernels(); empty: every row of the dtype
+  int device = 0;
+};
+
+struct GroupedGemmBenchRecord {
+  std::string kernel;        // the instance's name
+  std::string gemm;          // "gate_up" | "down"
+  int batch = 0;             // tokens
+  int groups = 0;            // weight rows E (+ fused shared slots)
+  int m = 0, n = 0, k = 0;   // rows of every group together (tokens x slots), N, K
+  double padded_rows = 0;    // sum over groups of M_g rounded up to the tile's rows
+  double us = 0;             // median of CUDA-graph replays of the one launch
+  double tflops = 0;         // 2 m n k / us
+  double peak_fraction = 0;  // tflops / the dtype's ceiling measured in the same run
+  double bytes = 0;          // the weights of every group with rows + A + D (+ scales), once
+  double floor_us = 0;       // bytes / the read bandwidth measured in the same run
+  double bw_fraction = 0;    // floor_us / us
+  double max_rel_diff = 0;   // D against the first instance's D: max |d - d0| / max |d0|
+};
+
+struct GroupedGemmBenchRun {
+  std::string device;
+  double read_gbs = 0;       // the read kernel (measure_read_bandwidth)
+  double peak_tflops = 0;    // the dtype's GEMM ceiling (bench_bf16/fp8_gemm_tflops)
+  std::vector<GroupedGemmBenchRecord> records;
+};
+
+// For each batch: a routing of uniformly random top-k experts per token (fixed by the seed),
+// each group's rows and both GEMMs' shapes as the prefill path runs them, random operands; each
+// instance times its one launch per GEMM, its D compared with the first instance's.
+GroupedGemmBenchRun bench_grouped_gemms(const GroupedGemmBenchOptions& opt);
+
 // ---- the bulk-copy stream's ceiling (src/cuda/bench/stream_probe.cu, `moekit bench stream`) ----
 
 // One pattern of the bulk expert kernels' weight stream without their math: every CTA (one per

@@ -98,6 +98,37 @@ int find_expert_kernel(const ExpertKernel& fields);
 // One line: "bulk_down_weights_only_tail: down bulk n_tiles=1 ring=weights-only down_tail".
 std::string describe(const ExpertKernel& k);
 
+// ---- the prefill path's grouped GEMM instances (src/cuda/prefill/) ----
+
+// How the consumer warpgroups of a CUTLASS sm90 grouped GEMM share the work.
+enum class GroupedSchedule : uint8_t {
+  Cooperative,  // both warpgroups on one tile (tile_m / 2 rows each)
+  Pingpong,     // each warpgroup its own tile, one's epilogue under the other's mainloop
+};
+const char* grouped_schedule_name(GroupedSchedule s);  // "coop", "pingpong"
+
+// One compiled grouped GEMM instance: D_g = A_g . B_g^T for every group (an expert's rows),
+// TMA loads, wgmma, a persistent scheduler over (group, m-tile, n-tile).
+struct GroupedGemmKernel {
+  const char* name = "";
+  bool fp8 = false;  // e4m3 A and B with one fp32 scale per 128 K (A: per row; B: per 128 x 128
+                     // tile), W8A8; else bf16
+  int tile_m = 128;  // rows of an expert per tile (its last m-tile pads to it)
+  int tile_n = 256;
+  int tile_k = 64;
+  GroupedSchedule schedule = GroupedSchedule::Cooperative;
+  int cluster_m = 1;  // CTAs of one cluster along M: each B tile multicast to them
+  int cluster_n = 1;  // along N: each A tile multicast to them
+};
+
+// Every grouped GEMM instance, in one table (src/plan/grouped_gemm_kernels.h); the CUDA sources
+// instantiate exactly these (src/cuda/prefill/prefill_gemm_instance.cuh, a .cu per row).
+std::span<const GroupedGemmKernel> grouped_gemm_kernels();
+// The index of the instance named `name`, or -1.
+int find_grouped_gemm(const std::string& name);
+// One line: "grouped_bf16_128x256_coop: bf16 tile 128x256x64 coop cluster 1x1".
+std::string describe(const GroupedGemmKernel& k);
+
 // ---- inputs ----
 
 // Device facts the plan needs: a named profile or the live GPU (cuda::live_device_info()).
@@ -114,7 +145,8 @@ DeviceInfo device_profile(const std::string& name);
 struct PlanOverrides {
   std::optional<Stream> stream;   // MOEKIT_EXPERTS_KERNEL: one kernel family at every batch
   int grouped_from_tokens = -1;   // MOEKIT_EXPERTS_GROUPED_FROM: the prefill path from N (0: never)
-  int grouped_tile_m = -1;        // MOEKIT_EXPERTS_GROUPED_TILE: its GEMMs' tile rows, 128 or 64
+  int grouped_gate_up = -1;       // MOEKIT_EXPERTS_GROUPED_GEMM: its gate/up GEMM's instance (a
+  int grouped_down = -1;          // row of grouped_gemm_kernels()), and its down GEMM's
   int grouped_mx_chunk = -1;      // MOEKIT_EXPERTS_MX_CHUNK: MX experts it widens at a time (>= 1)
   int gate_up_tail_percent = -1;  // MOEKIT_EXPERTS_TAIL: the gate/up kernel's dynamic tail
   int shared_first_tokens = -1;   // MOEKIT_EXPERTS_SHARED_FIRST (0: never)
@@ -166,7 +198,8 @@ struct LayerPlan {
                                  // (not on the prefill path: its plan kernel permutes the pairs)
   bool dense_shared = false;   // the unfused shared MLP as dense cuBLAS GEMMs (before the router)
   std::vector<ExpertLaunch> experts;  // in launch order (empty on the prefill path)
-  int grouped_tile_m = 0;  // the prefill path's GEMM tile rows (128 or 64); 0 off that path
+  int grouped_gate_up = -1;  // the prefill path's gate/up GEMM: a row of grouped_gemm_kernels()
+  int grouped_down = -1;     // and its down GEMM's; -1 off that path
   int grouped_mx_chunk = 0;  // MX on the prefill path: experts widened to bf16 at a time
   int grouped_mx_runs = 0;   // and the runs of each GEMM (ceil(weight rows / chunk)); else 0
   bool fp8 = false;        // fp8 block-scale experts, computed W8A8 (the fp8 instances)

@@ -61,6 +61,9 @@ ForwardResult forward_once(const LayerWeights&, const Bf16*, int, FuseShared,
 
 std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions&, bool) { no_cuda("bench_layer"); }
 double measure_read_bandwidth(size_t, int) { no_cuda("measure_read_bandwidth"); }
+GroupedGemmBenchRun bench_grouped_gemms(const GroupedGemmBenchOptions&) {
+  no_cuda("bench_grouped_gemms");
+}
 std::vector<StreamProbeConfig> stream_probe_configs() { no_cuda("stream_probe_configs"); }
 void check_stream_probe_config(const StreamProbeConfig&) { no_cuda("check_stream_probe_config"); }
 StreamProbeRun bench_stream(const std::vector<StreamProbeConfig>&, size_t, int, int) {

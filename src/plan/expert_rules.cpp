@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "moekit/error.h"
 #include "plan/expert_kernels.h"
+#include "plan/grouped_gemm_kernels.h"
 
 namespace moekit::plan {
 
@@ -42,11 +44,38 @@ double experts_grouped_padded_rows(int tokens, int top_k, int experts, int share
   return (experts * tiles + shared_tiles) * tile_m;
 }
 
-int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, int setting) {
-  if (setting == 128 || setting == 64) return setting;
+int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, bool fp8) {
+  if (!fp8 && tokens <= kGroupedTile64UpToTokens) return 64;
   const double rows128 = experts_grouped_padded_rows(tokens, top_k, experts, shared_slots, 128);
   const double rows64 = experts_grouped_padded_rows(tokens, top_k, experts, shared_slots, 64);
-  return rows64 * kGroupedTile64RowCost < rows128 ? 64 : 128;
+  return rows64 * (fp8 ? kGroupedFp8Tile64RowCost : kGroupedTile64RowCost) < rows128 ? 64 : 128;
+}
+
+GroupedGemms experts_grouped_gemms(int tokens, int top_k, int experts, int shared_slots, bool fp8,
+                                   int gate_up_setting, int down_setting) {
+  // the instances the rule picks, by dtype and tile rows (the table must hold them)
+  constexpr int kBf16Rows128 = grouped_gemm_row("grouped_bf16_128x256_coop");
+  constexpr int kBf16Rows64 = grouped_gemm_row("grouped_bf16_64x256_pingpong");
+  constexpr int kFp8Rows128 = grouped_gemm_row("grouped_fp8_128x128_coop");
+  constexpr int kFp8Rows64 = grouped_gemm_row("grouped_fp8_64x128_pingpong");
+  static_assert(kBf16Rows128 >= 0 && kBf16Rows64 >= 0 && kFp8Rows128 >= 0 && kFp8Rows64 >= 0,
+                "a grouped GEMM instance of the rule is missing from the table");
+  const bool rows64 = experts_grouped_tile_m(tokens, top_k, experts, shared_slots, fp8) == 64;
+  const int pick = fp8 ? (rows64 ? kFp8Rows64 : kFp8Rows128) : (rows64 ? kBf16Rows64 : kBf16Rows128);
+  GroupedGemms g{pick, pick};
+  for (const auto& [setting, out, what] :
+       {std::tuple{gate_up_setting, &g.gate_up, "gate/up"}, {down_setting, &g.down, "down"}}) {
+    if (setting < 0) continue;
+    MK_CHECK(setting < kNumGroupedGemmKernels,
+             "experts_grouped_gemms: " << what << " instance " << setting << " is not a row of "
+                                       << kNumGroupedGemmKernels);
+    MK_CHECK(kGroupedGemmKernels[setting].fp8 == fp8,
+             "the " << what << " grouped GEMM " << kGroupedGemmKernels[setting].name << " takes "
+                    << (fp8 ? "bf16" : "fp8") << " operands; the layer holds "
+                    << (fp8 ? "fp8" : "bf16") << " experts");
+    *out = setting;
+  }
+  return g;
 }
 
 bool experts_grouped_path_mx(int tokens, int top_k, int experts, int setting) {

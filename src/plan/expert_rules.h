@@ -18,6 +18,8 @@ constexpr int kSelfRouteTokens = 1;     // docs/decisions/experts_self_route.md
 constexpr int kSharedDenseTokens = 8;   // docs/decisions/shared_dense.md
 constexpr int kBlockK = 64;             // the expert kernels' k block (elements)
 constexpr double kGroupedTile64RowCost = 1.07;  // docs/decisions/experts_grouped_tile.md
+constexpr int kGroupedTile64UpToTokens = 4096;  // docs/decisions/experts_grouped_gemms.md
+constexpr double kGroupedFp8Tile64RowCost = 1.25;  // docs/decisions/experts_grouped_gemms.md
 constexpr long long kMxWidenBytes = 512LL << 20;  // docs/decisions/mx_experts.md
 
 // Tokens per task below tasks of 16 through the ring of weights only: 8 up to 256 tokens, else 16.
@@ -39,12 +41,24 @@ bool experts_grouped_path(int tokens, int top_k, int experts, int setting);
 // mx_experts.md).
 bool experts_grouped_path_mx(int tokens, int top_k, int experts, int setting);
 
-// The prefill path's tile rows, 128 or 64: `setting` when 128 or 64, else the one with the
-// smaller expected padded work. The routed experts' rows are taken as Poisson of mean
-// tokens x top_k / experts (each expert's last m-tile pads to the tile), the fused shared slots
-// hold every token; a 64-row tile's row costs kGroupedTile64RowCost of a 128-row tile's
-// (docs/decisions/experts_grouped_tile.md).
-int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, int setting);
+// The prefill path's tile rows, 128 or 64 (docs/decisions/experts_grouped_gemms.md), by the
+// expected padded work: the routed experts' rows taken as Poisson of mean tokens x top_k /
+// experts (each expert's last m-tile pads to the tile), the fused shared slots holding every
+// token; a 64-row tile's row costs kGroupedTile64RowCost of a 128-row tile's in bf16
+// (docs/decisions/experts_grouped_tile.md), kGroupedFp8Tile64RowCost in fp8. bf16 takes the
+// 64-row tile at any rows up to kGroupedTile64UpToTokens tokens too (measured faster at every
+// such batch of every model, also where neither tile pads).
+int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, bool fp8);
+
+// The prefill path's grouped GEMM instances (rows of grouped_gemm_kernels()) for the gate/up
+// and the down GEMM: each setting when >= 0 (a row of the experts' dtype), else the instance of
+// the dtype with experts_grouped_tile_m's rows for both (the 64-row ping-pong or the 128-row
+// cooperative one; docs/decisions/experts_grouped_gemms.md).
+struct GroupedGemms {
+  int gate_up = -1, down = -1;
+};
+GroupedGemms experts_grouped_gemms(int tokens, int top_k, int experts, int shared_slots, bool fp8,
+                                   int gate_up_setting, int down_setting);
 // The expected rows a grouped GEMM computes with tiles of `tile_m` rows (the model above).
 double experts_grouped_padded_rows(int tokens, int top_k, int experts, int shared_slots,
                                    int tile_m);

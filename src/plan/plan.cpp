@@ -185,7 +185,11 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
     // arrays); the unfused shared MLP runs as the dense GEMMs beside it
     p.dense_shared = sh.has_shared && !p.fused;
     p.routing_dispatch = false;
-    p.grouped_tile_m = experts_grouped_tile_m(tokens, sh.K, sh.E, s_run, overrides.grouped_tile_m);
+    const GroupedGemms gemms = experts_grouped_gemms(tokens, sh.K, sh.E, s_run, fp8,
+                                                     overrides.grouped_gate_up,
+                                                     overrides.grouped_down);
+    p.grouped_gate_up = gemms.gate_up;
+    p.grouped_down = gemms.down;
     if (mx) {
       const int rows = sh.E + s_run;
       p.grouped_mx_chunk = experts_grouped_mx_chunk(rows, sh.H, sh.I, overrides.grouped_mx_chunk);

@@ -8,6 +8,7 @@
 #include "moekit/error.h"
 #include "moekit/plan.h"
 #include "plan/expert_kernels.h"
+#include "plan/grouped_gemm_kernels.h"
 
 namespace moekit::plan {
 
@@ -87,6 +88,22 @@ std::string describe(const ExpertKernel& k) {
   return os.str();
 }
 
+const char* grouped_schedule_name(GroupedSchedule s) {
+  return s == GroupedSchedule::Pingpong ? "pingpong" : "coop";
+}
+
+std::span<const GroupedGemmKernel> grouped_gemm_kernels() { return kGroupedGemmKernels; }
+
+int find_grouped_gemm(const std::string& name) { return grouped_gemm_row(name); }
+
+std::string describe(const GroupedGemmKernel& k) {
+  std::ostringstream os;
+  os << k.name << ": " << (k.fp8 ? "fp8" : "bf16") << " tile " << k.tile_m << 'x' << k.tile_n
+     << 'x' << k.tile_k << ' ' << grouped_schedule_name(k.schedule) << " cluster " << k.cluster_m
+     << 'x' << k.cluster_n;
+  return os.str();
+}
+
 DeviceInfo device_profile(const std::string& name) {
   if (name == "sm90") return DeviceInfo{"sm90", 132, tuning::Arch::Sm90};
   if (name == "sm100") return DeviceInfo{"sm100", 148, tuning::Arch::Sm100};
@@ -124,9 +141,23 @@ PlanOverrides plan_overrides_from_env(PlanOverrides o) {
   }
   o.grouped_from_tokens =
       env_int("MOEKIT_EXPERTS_GROUPED_FROM", o.grouped_from_tokens, 0, kMaxCount, kTokens);
-  o.grouped_tile_m = env_int("MOEKIT_EXPERTS_GROUPED_TILE", o.grouped_tile_m, 64, 128, "64 or 128");
-  MK_CHECK(o.grouped_tile_m == -1 || o.grouped_tile_m == 64 || o.grouped_tile_m == 128,
-           "MOEKIT_EXPERTS_GROUPED_TILE=" << o.grouped_tile_m << " (expected 64 or 128)");
+  if (const char* v = std::getenv("MOEKIT_EXPERTS_GROUPED_GEMM"); v != nullptr && v[0] != '\0') {
+    // one instance for both GEMMs, or "gate_up_instance,down_instance"
+    const std::string s(v);
+    const size_t comma = s.find(',');
+    const std::string up = s.substr(0, comma);
+    const std::string down = comma == std::string::npos ? up : s.substr(comma + 1);
+    for (const std::string& name : {up, down}) {
+      if (find_grouped_gemm(name) >= 0) continue;
+      std::string names;
+      for (const GroupedGemmKernel& k : grouped_gemm_kernels()) names += std::string(" ") + k.name;
+      MK_FAIL("MOEKIT_EXPERTS_GROUPED_GEMM='" << s << "': no grouped GEMM instance '" << name
+                                               << "' (expected one of" << names
+                                               << ", or two joined by a comma: gate/up, down)");
+    }
+    o.grouped_gate_up = find_grouped_gemm(up);
+    o.grouped_down = find_grouped_gemm(down);
+  }
   o.grouped_mx_chunk =
       env_int("MOEKIT_EXPERTS_MX_CHUNK", o.grouped_mx_chunk, 1, kMaxCount, "an expert count, >= 1");
   o.gate_up_tail_percent = env_int("MOEKIT_EXPERTS_TAIL", o.gate_up_tail_percent, 0, 100, kPercent);
@@ -196,8 +227,9 @@ std::string describe(const LayerPlan& p) {
                               : "routing kernel (the prefill path permutes the pairs itself)")
      << '\n';
   if (p.stream == Stream::Grouped) {
-    os << "  experts  grouped GEMM path (tile " << p.grouped_tile_m << "x256): plan, permute, "
-       << "gate/up grouped GEMM, activation, down grouped GEMM, combine\n";
+    os << "  experts  grouped GEMM path: plan, permute, gate/up grouped GEMM "
+       << grouped_gemm_kernels()[p.grouped_gate_up].name << ", activation, down grouped GEMM "
+       << grouped_gemm_kernels()[p.grouped_down].name << ", combine\n";
     if (p.grouped_mx_chunk > 0) {
       os << "  widen    " << expert_format_name(p.mx) << " experts to bf16, " << p.grouped_mx_chunk
          << " at a time (" << p.grouped_mx_runs << " runs before each GEMM's groups)\n";
@@ -249,7 +281,10 @@ std::string to_json(const LayerPlan& p) {
   j["routing_kernel"] = p.routing_kernel;
   j["routing_dispatch"] = p.routing_dispatch;
   j["dense_shared"] = p.dense_shared;
-  if (p.stream == Stream::Grouped) j["grouped_tile_m"] = p.grouped_tile_m;
+  if (p.stream == Stream::Grouped) {
+    j["grouped_gate_up"] = grouped_gemm_kernels()[p.grouped_gate_up].name;
+    j["grouped_down"] = grouped_gemm_kernels()[p.grouped_down].name;
+  }
   if (p.grouped_mx_chunk > 0) {
     j["grouped_mx_chunk"] = p.grouped_mx_chunk;
     j["grouped_mx_runs"] = p.grouped_mx_runs;

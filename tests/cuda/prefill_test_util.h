@@ -11,6 +11,7 @@
 
 #include "cuda/prefill/prefill.h"
 #include "moekit/cuda_layer.h"
+#include "moekit/plan.h"
 
 #define SKIP_WITHOUT_PREFILL_GPU()                                                     \
   do {                                                                                 \
@@ -57,5 +58,16 @@ struct Dev {
     return v;
   }
 };
+
+// The grouped GEMM instances (rows of plan::grouped_gemm_kernels()) of one operand dtype: every
+// row runs against the reference (an instance changes speed, never results).
+inline std::vector<int> grouped_gemm_rows(bool fp8) {
+  std::vector<int> rows;
+  const auto kernels = plan::grouped_gemm_kernels();
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    if (kernels[i].fp8 == fp8) rows.push_back(static_cast<int>(i));
+  }
+  return rows;
+}
 
 }  // namespace moekit::test

@@ -224,6 +224,7 @@ struct PrefillRun {
     p.y = y.as<__nv_bfloat16>();
     p.workspace = workspace.p;
     p.workspace_bytes = workspace.bytes;
+    p.gate_up_gemm = p.down_gemm = test::grouped_gemm_rows(false).front();
   }
 
   void poison() {
@@ -271,7 +272,7 @@ std::string case_name(const Case& c) {
   return c.model + " T=" + std::to_string(c.tokens) + (c.fused ? " fused " : " unfused ") + how;
 }
 
-// Runs the case with each CUTLASS instance (tile rows 128 and 64), or the naive twin once.
+// Runs the case with each bf16 CUTLASS instance (both GEMMs on it), or the naive twin once.
 void check_case(const Case& c, cuda::PrefillGemm gemm = cuda::PrefillGemm::Cutlass) {
   const MoeSpec spec = prefill_spec(c.model);
   ASSERT_TRUE(!c.fused || spec.can_fuse_shared()) << case_name(c);
@@ -280,11 +281,14 @@ void check_case(const Case& c, cuda::PrefillGemm gemm = cuda::PrefillGemm::Cutla
   const std::vector<double> want = expected_y(spec, *w, in);
   PrefillRun run(spec, *w, in, c.tokens + 5);  // (workspace for more tokens than run)
   run.p.gemm = gemm;
-  const std::vector<int> tiles =
-      gemm == cuda::PrefillGemm::Naive ? std::vector<int>{128} : std::vector<int>{128, 64};
-  for (const int tile : tiles) {
-    run.p.tile_m = tile;
-    const std::string what = case_name(c) + " tile " + std::to_string(tile);
+  const std::vector<int> kernels = gemm == cuda::PrefillGemm::Naive
+                                       ? std::vector<int>{test::grouped_gemm_rows(false).front()}
+                                       : test::grouped_gemm_rows(false);
+  for (const int kernel : kernels) {
+    run.p.gate_up_gemm = run.p.down_gemm = kernel;
+    const std::string what =
+        case_name(c) + " " +
+        (gemm == cuda::PrefillGemm::Naive ? "naive" : plan::grouped_gemm_kernels()[kernel].name);
     const std::vector<uint16_t> first = run.run_eager();
     size_t non_finite = 0;
     const double err = rel_error(first, want, &non_finite);
@@ -375,7 +379,9 @@ TEST(GpuPrefill, GraphReplayMatchesEager) {
   const auto w = make_random_weights(spec, spec.moe_layers.front(), 7);
   Inputs in = make_inputs(spec, *w, 1000, true, Ids::Routed);
   PrefillRun run(spec, *w, in, 1000);
-  run.p.tile_m = 64;  // (the 128-row instance runs every other case; the graph takes this one)
+  // (the first bf16 instance runs every other case; the graph takes the last: its cluster and
+  // schedule differ most)
+  run.p.gate_up_gemm = run.p.down_gemm = test::grouped_gemm_rows(false).back();
   const std::vector<uint16_t> eager = run.run_eager();
 
   cudaStream_t stream = nullptr;
@@ -450,8 +456,13 @@ TEST(GpuPrefill, ErrorsNameTheField) {
   p.inter = 96;
   test::expect_error([&] { cuda::launch_prefill_experts(p, nullptr); }, {"inter a positive multiple"});
   p = run.p;
-  p.tile_m = 96;
-  test::expect_error([&] { cuda::launch_prefill_experts(p, nullptr); }, {"tile_m 128 or 64"});
+  p.gate_up_gemm = static_cast<int>(plan::grouped_gemm_kernels().size());
+  test::expect_error([&] { cuda::launch_prefill_experts(p, nullptr); },
+                     {"gate_up_gemm a grouped GEMM instance"});
+  p = run.p;
+  p.down_gemm = test::grouped_gemm_rows(true).front();
+  test::expect_error([&] { cuda::launch_prefill_experts(p, nullptr); },
+                     {"down_gemm", "takes fp8 operands"});
 }
 
 }  // namespace

@@ -140,7 +140,8 @@ uint8_t random_code(std::mt19937& rng) {
   return static_cast<uint8_t>(c < 127 ? c : c + 1);
 }
 
-void check_grouped_gemm(cuda::PrefillGemm kind) {
+// `kernel`: an fp8 row of plan::grouped_gemm_kernels() (Cutlass)
+void check_grouped_gemm(cuda::PrefillGemm kind, int kernel = -1) {
   const std::vector<int> ms = {130, 0, 1, 257, 0, 64};
   const int N = 384, K = 512, groups = static_cast<int>(ms.size());
   const int kb = K / 128, nb = N / 128;
@@ -190,8 +191,8 @@ void check_grouped_gemm(cuda::PrefillGemm kind) {
   if (kind == cuda::PrefillGemm::Naive) {
     cuda::run_prefill_gemm_fp8_naive(arrays, groups, N, nullptr);
   } else {
-    Dev work(cuda::prefill_gemm_fp8_workspace_bytes(groups));
-    cuda::run_prefill_gemm_fp8(arrays, groups, work.p, nullptr);
+    Dev work(cuda::prefill_gemm_workspace_bytes(groups));
+    cuda::run_prefill_gemm_fp8(arrays, groups, kernel, work.p, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
   }
   CUDA_OK(cudaDeviceSynchronize());
@@ -238,12 +239,16 @@ void check_grouped_gemm(cuda::PrefillGemm kind) {
     ASSERT_EQ(d[static_cast<size_t>(total_m) * N + n], 0xFFFF) << "guard row written";
   }
   std::printf("  fp8 grouped GEMM (%s): max relative error %.2e\n",
-              kind == cuda::PrefillGemm::Naive ? "naive" : "CUTLASS", max_rel);
+              kind == cuda::PrefillGemm::Naive ? "naive" : plan::grouped_gemm_kernels()[kernel].name,
+              max_rel);
 }
 
 TEST(GpuPrefillFp8, GroupedGemmCutlassAgainstFormula) {
   SKIP_WITHOUT_PREFILL_GPU();
-  check_grouped_gemm(cuda::PrefillGemm::Cutlass);
+  for (const int kernel : test::grouped_gemm_rows(true)) {
+    SCOPED_TRACE(plan::grouped_gemm_kernels()[kernel].name);
+    check_grouped_gemm(cuda::PrefillGemm::Cutlass, kernel);
+  }
 }
 
 TEST(GpuPrefillFp8, GroupedGemmNaiveAgainstFormula) {

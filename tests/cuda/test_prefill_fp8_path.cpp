@@ -287,6 +287,7 @@ void check_whole_path(int tokens) {
   p.workspace = workspace.p;
   p.workspace_bytes = workspace.bytes;
 
+  p.gate_up_gemm = p.down_gemm = test::grouped_gemm_rows(true).front();
   auto run = [&](cuda::PrefillGemm gemm) {
     EXPECT_EQ(cudaMemset(y.p, 0xFF, y.bytes), cudaSuccess);
     EXPECT_EQ(cudaMemset(workspace.p, 0xFF, workspace.bytes), cudaSuccess);
@@ -320,6 +321,18 @@ void check_whole_path(int tokens) {
   size_t non_finite = 0;
   EXPECT_LE(rel_error(cutlass_y, naive, &non_finite), kTolCutlass) << "CUTLASS against naive";
   EXPECT_TRUE(run(cuda::PrefillGemm::Cutlass) == cutlass_y) << "y differs between two runs";
+  // every other fp8 instance on both GEMMs: the same bound against the host emulation
+  for (const int kernel : test::grouped_gemm_rows(true)) {
+    if (kernel == p.gate_up_gemm) continue;
+    const char* name = plan::grouped_gemm_kernels()[kernel].name;
+    p.gate_up_gemm = p.down_gemm = kernel;
+    const std::vector<uint16_t> other = run(cuda::PrefillGemm::Cutlass);
+    size_t other_non_finite = 0;
+    EXPECT_LE(rel_error(other, emulated, &other_non_finite), kTolCutlass) << name;
+    EXPECT_EQ(other_non_finite, 0u) << name;
+    EXPECT_TRUE(run(cuda::PrefillGemm::Cutlass) == other) << name << ": y differs between runs";
+  }
+  p.gate_up_gemm = p.down_gemm = test::grouped_gemm_rows(true).front();
 
   // ue8m0 activation scales (DeepSeek-V3.1+ / V4's scale_fmt) through the whole path, against
   // the host emulation with the same rule (the checkpoint's weight scales stay as written)
@@ -390,6 +403,7 @@ TEST(GpuPrefillFp8, ErrorsNameTheValue) {
   p.y = y.as<__nv_bfloat16>();
   p.workspace = workspace.p;
   p.workspace_bytes = workspace.bytes;
+  p.gate_up_gemm = p.down_gemm = test::grouped_gemm_rows(true).front();
   auto expect_error = [&](const cuda::PrefillParams& bad, const std::string& text) {
     try {
       cuda::launch_prefill_experts(bad, nullptr);
@@ -413,6 +427,9 @@ TEST(GpuPrefillFp8, ErrorsNameTheValue) {
   bad = p;
   bad.workspace_bytes = cuda::prefill_workspace_bytes(T, slots, rows, H, I, false) / 2;
   expect_error(bad, "fp8 true");
+  bad = p;
+  bad.gate_up_gemm = test::grouped_gemm_rows(false).front();
+  expect_error(bad, "takes bf16 operands; the weights are fp8");
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // [--dtype bf16|fp8|mxfp4|mxfp8|config] [--json]`: which kernels a GPU forward runs at each batch
 // and why (moekit/plan.h), without a GPU unless --device-info live; the environment's plan knobs
 // apply as they do for `bench`. `moekit list-kernels`: every compiled expert-kernel instance of the
-// plan's table.
+// plan's tables (the decode kernels', then the prefill path's grouped GEMMs).
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -76,7 +76,7 @@ void add_plan_commands(CLI::App& app) {
     if (status != 0) throw CLI::RuntimeError(status);
   });
 
-  auto* list = app.add_subcommand("list-kernels", "List every compiled expert-kernel instance");
+  auto* list = app.add_subcommand("list-kernels", "List every compiled expert-kernel instance (decode kernels, grouped GEMMs)");
   auto as_json = std::make_shared<bool>(false);
   list->add_flag("--json", *as_json, "Print the instances as JSON");
   list->callback([as_json] {
@@ -100,6 +100,22 @@ void add_plan_commands(CLI::App& app) {
                      {"unroll", k.unroll},
                      {"warps", k.warps},
                      {"ctas_per_sm", k.ctas_per_sm}});
+    }
+    // the prefill path's grouped GEMM instances (stream "grouped")
+    for (const plan::GroupedGemmKernel& k : plan::grouped_gemm_kernels()) {
+      if (!*as_json) {
+        std::printf("%s\n", plan::describe(k).c_str());
+        continue;
+      }
+      arr.push_back({{"name", k.name},
+                     {"stream", plan::stream_name(plan::Stream::Grouped)},
+                     {"fp8", k.fp8},
+                     {"tile_m", k.tile_m},
+                     {"tile_n", k.tile_n},
+                     {"tile_k", k.tile_k},
+                     {"schedule", plan::grouped_schedule_name(k.schedule)},
+                     {"cluster_m", k.cluster_m},
+                     {"cluster_n", k.cluster_n}});
     }
     if (*as_json) std::printf("%s\n", arr.dump(2).c_str());
   });

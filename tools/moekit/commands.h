@@ -45,6 +45,7 @@ void add_tune_command(CLI::App& app);      // cmd_tune.cpp (router GEMM tuner)
 void add_plan_commands(CLI::App& app);     // cmd_plan.cpp: `plan` and `list-kernels`
 void add_bench_router_gemm_command(CLI::App& bench);  // bench_router_gemm.cpp
 void add_bench_stream_command(CLI::App& bench);       // bench_stream.cpp
+void add_bench_grouped_gemm_command(CLI::App& bench);  // bench_grouped_gemm.cpp
 
 int run_bench_cpu(const BenchOptions& opt);   // bench_cpu.cpp
 int run_bench_cuda(const BenchOptions& opt);  // bench_cuda.cpp

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = moekit::cli::add_bench_command(app);
   moekit::cli::add_bench_router_gemm_command(*bench);
   moekit::cli::add_bench_stream_command(*bench);
+  moekit::cli::add_bench_grouped_gemm_command(*bench);
   moekit::cli::add_tune_command(app);
   moekit::cli::add_plan_commands(app);
   try {

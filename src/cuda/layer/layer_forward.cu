@@ -327,7 +327,8 @@ void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x
   p.shared_scale = shared_unfused ? ws.shared_scale : nullptr;
   p.y = static_cast<__nv_bfloat16*>(y);
   p.error_flag = drops_pairs ? nullptr : ws.status;
-  p.tile_m = pl.grouped_tile_m;
+  p.gate_up_gemm = pl.grouped_gate_up;
+  p.down_gemm = pl.grouped_down;
   p.workspace = ws.prefill;
   p.workspace_bytes = ws.prefill_bytes;
   launch_prefill_experts(p, st);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/prefill/prefill.h"
@@ -11,6 +12,7 @@
 #include "cuda/prefill/prefill_kernels.h"
 #include "cuda/prefill/prefill_mx.h"
 #include "moekit/error.h"
+#include "moekit/plan.h"
 
 namespace moekit::cuda {
 namespace {
@@ -70,11 +72,23 @@ void check_params(const PrefillParams& p) {
   MK_CHECK(p.rows >= 1 && p.rows <= kPrefillMaxRows,
            "prefill: expected 1 <= rows <= " << kPrefillMaxRows << ", got " << p.rows);
   MK_CHECK(p.slots >= 1, "prefill: expected slots >= 1, got " << p.slots);
-  MK_CHECK(prefill_tile_m_supported(p.tile_m),
-           "prefill: expected tile_m 128 or 64, got " << p.tile_m);
   MK_CHECK(p.x != nullptr && p.ids != nullptr && p.weights != nullptr && p.y != nullptr &&
                p.workspace != nullptr,
            "prefill: x, ids, weights, y and workspace must be set");
+  if (p.gemm == PrefillGemm::Cutlass) {
+    const bool fp8 = p.w13_fp8 != nullptr && p.mx == ExpertFormat::Bf16;
+    const auto kernels = plan::grouped_gemm_kernels();
+    for (const auto& [row, what] : {std::pair{p.gate_up_gemm, "gate_up_gemm"},
+                                    std::pair{p.down_gemm, "down_gemm"}}) {
+      MK_CHECK(row >= 0 && row < static_cast<int>(kernels.size()),
+               "prefill: expected " << what << " a grouped GEMM instance in [0, "
+                                    << kernels.size() << "), got " << row);
+      MK_CHECK(kernels[row].fp8 == fp8, "prefill: " << what << " " << kernels[row].name
+                                                    << " takes " << (fp8 ? "bf16" : "fp8")
+                                                    << " operands; the weights are "
+                                                    << (fp8 ? "fp8" : "bf16 or MX"));
+    }
+  }
   if (p.mx != ExpertFormat::Bf16) {
     check_mx_params(p);
   } else if (p.w13_fp8 != nullptr) {
@@ -135,48 +149,50 @@ void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream) {
                                     << ws.total_bytes << " (prefill_workspace_bytes, fp8 "
                                     << (fp8 ? "true" : "false") << ", mx_chunk " << mx_chunk
                                     << ")");
-  auto gemm = [&](const PrefillGroupArrays& arrays, int groups, int n, void* gemm_workspace) {
+  // `kernel`: p.gate_up_gemm or p.down_gemm
+  auto gemm = [&](const PrefillGroupArrays& arrays, int groups, int n, int kernel,
+                  void* gemm_workspace) {
     if (p.gemm == PrefillGemm::Naive) {
       run_prefill_gemm_naive(arrays, groups, n, stream);
     } else {
-      run_prefill_gemm(arrays, groups, p.tile_m, gemm_workspace, stream);
+      run_prefill_gemm(arrays, groups, kernel, gemm_workspace, stream);
     }
   };
-  // (the fp8 GEMM has one instance, 128 x 128 tiles: tile_m does not apply to it)
-  auto gemm_fp8 = [&](const PrefillFp8GroupArrays& arrays, int n, void* gemm_workspace) {
+  auto gemm_fp8 = [&](const PrefillFp8GroupArrays& arrays, int n, int kernel,
+                      void* gemm_workspace) {
     if (p.gemm == PrefillGemm::Naive) {
       run_prefill_gemm_fp8_naive(arrays, p.rows, n, stream);
     } else {
-      run_prefill_gemm_fp8(arrays, p.rows, gemm_workspace, stream);
+      run_prefill_gemm_fp8(arrays, p.rows, kernel, gemm_workspace, stream);
     }
   };
   // MX: each run of mx_chunk experts widened into mx_weights, then the GEMM of its groups
-  auto gemm_mx = [&](const MxMatrices& m, const PrefillGroupArrays& arrays, int n,
+  auto gemm_mx = [&](const MxMatrices& m, const PrefillGroupArrays& arrays, int n, int kernel,
                      void* gemm_workspace) {
     for (int first = 0; first < p.rows; first += mx_chunk) {
       const int groups = std::min(mx_chunk, p.rows - first);
       launch_mx_widen(m, first, groups, arrays.problems, ws.mx_weights, stream);
-      gemm(group_range(arrays, first), groups, n, gemm_workspace);
+      gemm(group_range(arrays, first), groups, n, kernel, gemm_workspace);
     }
   };
   launch_prefill_plan(p, ws, stream);
   if (fp8) {
     launch_prefill_permute_fp8(p, ws, stream);
-    gemm_fp8(ws.gate_up8, 2 * p.inter, ws.gemm_workspace[0]);
+    gemm_fp8(ws.gate_up8, 2 * p.inter, p.gate_up_gemm, ws.gemm_workspace[0]);
     launch_prefill_activation_fp8(p, ws, stream);
-    gemm_fp8(ws.down8, p.hidden, ws.gemm_workspace[1]);
+    gemm_fp8(ws.down8, p.hidden, p.down_gemm, ws.gemm_workspace[1]);
   } else if (mx) {
     launch_prefill_permute(p, ws, stream);
     gemm_mx({p.mx, true, 2 * p.inter, p.hidden, p.w13_mx, p.w13_mx_scale}, ws.gate_up, 2 * p.inter,
-            ws.gemm_workspace[0]);
+            p.gate_up_gemm, ws.gemm_workspace[0]);
     launch_prefill_activation(p, ws, stream);
     gemm_mx({p.mx, false, p.hidden, p.inter, p.w2_mx, p.w2_mx_scale}, ws.down, p.hidden,
-            ws.gemm_workspace[1]);
+            p.down_gemm, ws.gemm_workspace[1]);
   } else {
     launch_prefill_permute(p, ws, stream);
-    gemm(ws.gate_up, p.rows, 2 * p.inter, ws.gemm_workspace[0]);
+    gemm(ws.gate_up, p.rows, 2 * p.inter, p.gate_up_gemm, ws.gemm_workspace[0]);
     launch_prefill_activation(p, ws, stream);
-    gemm(ws.down, p.rows, p.hidden, ws.gemm_workspace[1]);
+    gemm(ws.down, p.rows, p.hidden, p.down_gemm, ws.gemm_workspace[1]);
   }
   launch_prefill_combine(p, ws, stream);
 }

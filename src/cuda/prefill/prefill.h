@@ -93,9 +93,11 @@ struct PrefillParams {
                                // or null
 
   PrefillGemm gemm = PrefillGemm::Cutlass;
-  // the bf16 CUTLASS instance's tile rows: 128 or 64 (plan::LayerPlan::grouped_tile_m); the fp8
-  // GEMM has one instance (128 x 128 tiles) and ignores it
-  int tile_m = 128;
+  // the CUTLASS instances of the gate/up and the down GEMM: rows of plan::grouped_gemm_kernels()
+  // of the weights' dtype (fp8 rows for fp8 weights, bf16 rows for bf16 and MX ones);
+  // plan::LayerPlan::grouped_gate_up / grouped_down
+  int gate_up_gemm = -1;
+  int down_gemm = -1;
 
   // prefill_workspace_bytes(max_tokens, slots, rows, hidden, inter, fp8, mx_chunk)
   void* workspace = nullptr;

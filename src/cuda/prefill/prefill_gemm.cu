@@ -1,18 +1,39 @@
-// The prefill grouped GEMM's entry (prefill_gemm.h): the device check and the instance a launch
-// takes by its tile's rows. The instances themselves are prefill_gemm_m*.cu (only they see
-// CUTLASS).
+// The prefill grouped GEMM's entry (prefill_gemm.h, prefill_gemm_fp8.h): the device check and
+// the dispatch by row of plan::grouped_gemm_kernels(). The instances themselves are
+// instances/<name>.cu (only they see CUTLASS).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <mutex>
+#include <utility>
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/prefill/prefill_gemm.h"
+#include "cuda/prefill/prefill_gemm_fp8.h"
 #include "moekit/error.h"
+#include "plan/grouped_gemm_kernels.h"
 
 namespace moekit::cuda {
 
-bool prefill_tile_m_supported(int tile_m) { return tile_m == 128 || tile_m == 64; }
+namespace {
+
+using plan::kGroupedGemmKernels;
+using plan::kNumGroupedGemmKernels;
+
+// Every row's entries, by row (a row without its translation unit fails the link).
+template <size_t... kRows>
+constexpr auto row_runners(std::index_sequence<kRows...>) {
+  return std::array{&run_grouped_gemm_row<static_cast<int>(kRows)>...};
+}
+template <size_t... kRows>
+constexpr auto row_workspaces(std::index_sequence<kRows...>) {
+  return std::array{&grouped_gemm_workspace_bytes_row<static_cast<int>(kRows)>...};
+}
+constexpr auto kRunners = row_runners(std::make_index_sequence<kNumGroupedGemmKernels>());
+constexpr auto kWorkspaces = row_workspaces(std::make_index_sequence<kNumGroupedGemmKernels>());
+
+}  // namespace
 
 int prefill_sm_count() {
   static int count = 0;
@@ -42,22 +63,34 @@ bool prefill_gemm_supported(const char** why) {
 }
 
 size_t prefill_gemm_workspace_bytes(int groups) {
-  return std::max(prefill_gemm_m128_workspace_bytes(groups),
-                  prefill_gemm_m64_workspace_bytes(groups));
+  size_t bytes = 0;
+  for (const auto& workspace : kWorkspaces) bytes = std::max(bytes, workspace(groups));
+  return bytes;
 }
 
-void run_prefill_gemm(const PrefillGroupArrays& arrays, int groups, int tile_m, void* workspace,
+void run_grouped_gemm(int kernel, bool fp8, const void* arrays, int groups, void* workspace,
                       cudaStream_t stream) {
   const char* why = nullptr;
   MK_CHECK(prefill_gemm_supported(&why), "prefill grouped GEMM cannot run: " << why);
-  MK_CHECK(groups >= 1, "expected >= 1 GEMM groups, got " << groups);
-  MK_CHECK(prefill_tile_m_supported(tile_m),
-           "prefill grouped GEMM: expected a tile of 128 or 64 rows, got " << tile_m);
-  if (tile_m == 64) {
-    run_prefill_gemm_m64(arrays, groups, workspace, stream);
-  } else {
-    run_prefill_gemm_m128(arrays, groups, workspace, stream);
-  }
+  MK_CHECK(groups >= 1, "prefill grouped GEMM: expected >= 1 groups, got " << groups);
+  MK_CHECK(kernel >= 0 && kernel < kNumGroupedGemmKernels,
+           "prefill grouped GEMM: expected an instance in [0, " << kNumGroupedGemmKernels
+                                                                << "), got " << kernel);
+  MK_CHECK(kGroupedGemmKernels[kernel].fp8 == fp8,
+           "prefill grouped GEMM: " << kGroupedGemmKernels[kernel].name << " takes "
+                                    << (kGroupedGemmKernels[kernel].fp8 ? "fp8" : "bf16")
+                                    << " operands, the launch gives " << (fp8 ? "fp8" : "bf16"));
+  kRunners[kernel](arrays, groups, workspace, stream);
+}
+
+void run_prefill_gemm(const PrefillGroupArrays& arrays, int groups, int kernel, void* workspace,
+                      cudaStream_t stream) {
+  run_grouped_gemm(kernel, false, &arrays, groups, workspace, stream);
+}
+
+void run_prefill_gemm_fp8(const PrefillFp8GroupArrays& arrays, int groups, int kernel,
+                          void* workspace, cudaStream_t stream) {
+  run_grouped_gemm(kernel, true, &arrays, groups, workspace, stream);
 }
 
 }  // namespace moekit::cuda

@@ -34,21 +34,19 @@ struct PrefillGroupArrays {
   int64_t* stride_d = nullptr;  // leading dimension of D (its N)
 };
 
-// The instances, by their tile's rows (M: the tokens of one expert); N is 256, K 64 for both.
-//   128: cooperative (two consumer warpgroups share a 128 x 256 tile)
-//    64: ping-pong (two consumer warpgroups on alternate 64 x 256 tiles): an expert's last m-tile
-//        pads to 64 rows, not 128; the plan picks per shape (plan::LayerPlan::grouped_tile_m).
-constexpr int kPrefillTileN = 256;
-bool prefill_tile_m_supported(int tile_m);  // 128 or 64
+// The CUTLASS instances are the rows of plan::grouped_gemm_kernels() (src/plan/
+// grouped_gemm_kernels.h), each instantiated by its own instances/<name>.cu
+// (prefill_gemm_instance.cuh); `kernel` below is a row index. The plan picks the rows
+// (plan::LayerPlan::grouped_gate_up / grouped_down).
 
 // Device bytes of the CUTLASS workspace (per-SM TMA descriptors) a grouped GEMM of `groups`
-// groups needs on the current device, for either instance.
+// groups needs on the current device, for any instance.
 size_t prefill_gemm_workspace_bytes(int groups);
 
-// Launches the grouped GEMM over `groups` groups whose arrays the stream's earlier kernels
+// Launches bf16 instance `kernel` over `groups` groups whose arrays the stream's earlier kernels
 // wrote; `workspace` holds prefill_gemm_workspace_bytes(groups) bytes. Throws moekit::Error
-// naming CUTLASS's status when the kernel cannot run (e.g. no sm_90a device).
-void run_prefill_gemm(const PrefillGroupArrays& arrays, int groups, int tile_m, void* workspace,
+// naming the row or CUTLASS's status when the kernel cannot run (e.g. no sm_90a device).
+void run_prefill_gemm(const PrefillGroupArrays& arrays, int groups, int kernel, void* workspace,
                       cudaStream_t stream);
 
 // The naive twin (prefill_gemm_naive.cu): the same arrays, N of every group <= max_n.
@@ -61,12 +59,15 @@ bool prefill_gemm_supported(const char** why);
 // The current device's SM count, asked once per process (the instances' persistent grids).
 int prefill_sm_count();
 
-// Each instance's own entry (prefill_gemm_m128.cu, prefill_gemm_m64.cu).
-size_t prefill_gemm_m128_workspace_bytes(int groups);
-size_t prefill_gemm_m64_workspace_bytes(int groups);
-void run_prefill_gemm_m128(const PrefillGroupArrays& arrays, int groups, void* workspace,
-                           cudaStream_t stream);
-void run_prefill_gemm_m64(const PrefillGroupArrays& arrays, int groups, void* workspace,
-                          cudaStream_t stream);
+// Each row's entries, instantiated by its translation unit (MOEKIT_PREFILL_GEMM_INSTANCE);
+// `arrays` points to a PrefillGroupArrays (bf16 rows) or a PrefillFp8GroupArrays (fp8 rows).
+template <int kRow>
+size_t grouped_gemm_workspace_bytes_row(int groups);
+template <int kRow>
+void run_grouped_gemm_row(const void* arrays, int groups, void* workspace, cudaStream_t stream);
+
+// Row `kernel`'s launch, its dtype checked against `fp8` (prefill_gemm.cu).
+void run_grouped_gemm(int kernel, bool fp8, const void* arrays, int groups, void* workspace,
+                      cudaStream_t stream);
 
 }  // namespace moekit::cuda

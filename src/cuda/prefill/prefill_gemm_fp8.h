@@ -11,8 +11,8 @@
 //
 // As the bf16 GEMM (prefill_gemm.h), every per-group array lives on the device, written by the
 // plan kernel each forward, so a launch needs no host synchronisation; groups with M_g = 0 take no
-// tile. The CUTLASS instance is prefill_gemm_m128_fp8.cu (sm_90a); its naive twin is
-// prefill_gemm_fp8_naive.cu. This header holds no CUTLASS type.
+// tile. The CUTLASS instances are the fp8 rows of plan::grouped_gemm_kernels() (sm_90a); their
+// naive twin is prefill_gemm_fp8_naive.cu. This header holds no CUTLASS type.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,18 +40,12 @@ struct PrefillFp8GroupArrays {
 
 // The scale block along K (and along N of B): the checkpoints' weight_block_size.
 constexpr int kPrefillFp8Block = 128;
-// The instance's tile: 128 x 128 x 128, two consumer warpgroups sharing it (cooperative).
-constexpr int kPrefillFp8TileM = 128;
-constexpr int kPrefillFp8TileN = 128;
-
-// Device bytes of the CUTLASS workspace (per-SM TMA descriptors) for `groups` groups.
-size_t prefill_gemm_fp8_workspace_bytes(int groups);
-
-// Launches the CUTLASS fp8 grouped GEMM over `groups` groups whose arrays the stream's earlier
-// kernels wrote; `workspace` holds prefill_gemm_fp8_workspace_bytes(groups) bytes. Throws
-// moekit::Error naming CUTLASS's status when the kernel cannot run (e.g. no sm_90a device).
-void run_prefill_gemm_fp8(const PrefillFp8GroupArrays& arrays, int groups, void* workspace,
-                          cudaStream_t stream);
+// Launches fp8 instance `kernel` (a row of plan::grouped_gemm_kernels(), prefill_gemm.h) over
+// `groups` groups whose arrays the stream's earlier kernels wrote; `workspace` holds
+// prefill_gemm_workspace_bytes(groups) bytes. Throws moekit::Error naming the row or CUTLASS's
+// status when the kernel cannot run (e.g. no sm_90a device).
+void run_prefill_gemm_fp8(const PrefillFp8GroupArrays& arrays, int groups, int kernel,
+                          void* workspace, cudaStream_t stream);
 
 // The naive twin: the same arrays, N of every group <= max_n; the formula above with the block
 // sums in fp32 in K order.

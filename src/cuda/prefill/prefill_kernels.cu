@@ -365,8 +365,7 @@ PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, 
       ws.mx_weights = static_cast<__nv_bfloat16*>(take(static_cast<size_t>(mx_chunk) * matrix * 2));
     }
   }
-  ws.gemm_workspace_bytes =
-      fp8 ? prefill_gemm_fp8_workspace_bytes(rows) : prefill_gemm_workspace_bytes(rows);
+  ws.gemm_workspace_bytes = prefill_gemm_workspace_bytes(rows);
   ws.gemm_workspace[0] = take(ws.gemm_workspace_bytes);
   ws.gemm_workspace[1] = take(ws.gemm_workspace_bytes);
   ws.total_bytes = at;
