@@ -42,9 +42,10 @@ __global__ void max_diff_kernel(const __nv_bfloat16* d, const __nv_bfloat16* d0,
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float a = __bfloat162float(d[i]), b = __bfloat162float(d0[i]);
-    diff = fmaxf(diff, fabsf(a - b));  // (NaN: fmaxf keeps the other; the count below sees it)
+    // a NaN on either side (a poisoned, unwritten output among them) is an infinite difference
+    const float e = fabsf(a - b);
+    diff = e == e ? fmaxf(diff, e) : __int_as_float(0x7f800000);
     mag = fmaxf(mag, fabsf(b));
-    if (a != a) diff = __int_as_float(0x7f800000);
   }
   atomicMax(&out[0], __float_as_uint(diff));
   atomicMax(&out[1], __float_as_uint(mag));
