@@ -68,9 +68,11 @@ TEST(Fp8FastDequant, EveryCodeEveryIsaMatchesTheScalarDefinition) {
   }
 }
 
-// The fused decode kernel equals dequant_fp8_row + dot_rows_f32 (to fma contraction): rows crossing a
-// tile row (r0 = 120), k with a partial tile and tails of every length, 1 and 2 tokens.
-TEST(Fp8FastDequant, FusedRowKernelEqualsDequantiseThenDot) {
+// The fused decode kernels equal dequant_fp8_row + dot_rows_f32 (to fma contraction) and
+// dequant_fp8_row + dot_rows_bf16 (bit for bit): rows crossing a tile row (r0 = 120), k with a
+// partial tile and tails of every length, 1 and 2 tokens, and tile scales from ordinary ones to
+// the edges of the AVX-512 kernels' lookup tables (2^-110, 2^110) and past them.
+TEST(Fp8FastDequant, FusedRowKernelsEqualDequantiseThenDot) {
   const int rows = 16, r0 = 120, ld = 340;
   const size_t scale_ld = 3;
   std::vector<uint8_t> q(static_cast<size_t>(rows) * ld);
@@ -78,34 +80,54 @@ TEST(Fp8FastDequant, FusedRowKernelEqualsDequantiseThenDot) {
     q[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
     if ((q[i] & 0x7f) == 0x7f) q[i] = 0x3a;
   }
-  std::vector<float> scale(2 * scale_ld);
-  for (size_t i = 0; i < scale.size(); ++i) scale[i] = 0.013f * float(i + 1) / 7.0f;
   std::vector<float> x0(ld), x1(ld);
+  std::vector<Bf16> xb0(ld), xb1(ld);
   for (int c = 0; c < ld; ++c) {
     x0[c] = std::sin(0.37f * c);
     x1[c] = std::cos(0.11f * c) - 0.5f;
+    xb0[c] = float_to_bf16(x0[c]);
+    xb1[c] = float_to_bf16(x1[c]);
   }
   const float* xs[2] = {x0.data(), x1.data()};
+  const Bf16* xbs[2] = {xb0.data(), xb1.data()};
+  const std::vector<std::vector<float>> scale_sets = {
+      {0.013f / 7, 0.026f / 7, 0.039f / 7, 0.052f / 7, 0.065f / 7, 0.078f / 7},
+      {0x1p-110f, 0x1p110f, 3e-34f, 2e33f, 1e-38f, 0x1p-111f},
+      {1e-36f, 1.0f, 0x1.fffffep-111f, 0x1.000002p110f, 448.0f, 1e-6f}};
   for (Isa isa : isas()) {
     const auto& kern = kernels(isa);
     if (kern.dot_rows_fp8_f32 == nullptr) continue;
     SCOPED_TRACE(cpu_fast::isa_name(isa));
-    for (int k : {340, 256, 200, 129, 31, 17, 5}) {
-      for (int n = 1; n <= kern.fp8_row_tokens; ++n) {
+    for (const std::vector<float>& scale : scale_sets) {
+      for (int k : {340, 256, 200, 129, 64, 31, 17, 5}) {
         std::vector<Bf16> w(static_cast<size_t>(rows) * k);
         for (int r = 0; r < rows; ++r)
           kern.dequant_fp8_row(q.data() + r * ld, scale.data() + ((r0 + r) / 128) * scale_ld, k,
                                w.data() + r * k);
-        std::vector<float> want(2 * rows), got(2 * rows, -1.0f);
-        kern.dot_rows_f32(w.data(), k, rows, k, xs, n, want.data(), rows);
-        kern.dot_rows_fp8_f32(q.data(), ld, scale.data(), scale_ld, r0, rows, k, xs, n, got.data(),
-                              rows);
-        // the same products summed in the same order; a compiler may contract a product and its
-        // sum into one fma in one kernel and not in the other, so the two agree to a few ulps of
-        // the sum, not always bit for bit
-        for (int i = 0; i < n * rows; ++i)
-          ASSERT_NEAR(got[i], want[i], 1e-6 * (std::fabs(want[i]) + 1.0))
-              << "k " << k << ", n " << n << ", element " << i;
+        for (int n = 1; n <= kern.fp8_row_tokens; ++n) {
+          SCOPED_TRACE("k " + std::to_string(k) + ", n " + std::to_string(n) + ", scale " +
+                       std::to_string(scale[0]));
+          std::vector<float> want(2 * rows), got(2 * rows, -1.0f);
+          kern.dot_rows_f32(w.data(), k, rows, k, xs, n, want.data(), rows);
+          kern.dot_rows_fp8_f32(q.data(), ld, scale.data(), scale_ld, r0, rows, k, xs, n,
+                                got.data(), rows);
+          // the same products summed in the same order; a compiler may contract a product and
+          // its sum into one fma in one kernel and not in the other, so the two agree to a few
+          // ulps of the sum, not always bit for bit
+          for (int i = 0; i < n * rows; ++i) {
+            double magnitude = 0;  // sum of |products|: the scale of the rounding differences
+            for (int c = 0; c < k; ++c)
+              magnitude += std::fabs(double(bf16_to_float(w[(i % rows) * k + c])) * xs[i / rows][c]);
+            ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude) << "fp32 activations, element " << i;
+          }
+          if (kern.dot_rows_fp8_bf16 == nullptr || !cpu_fast::cpu_has_avx512_bf16()) continue;
+          std::fill(got.begin(), got.end(), -1.0f);
+          kern.dot_rows_bf16(w.data(), k, rows, k, xbs, n, want.data(), rows);
+          kern.dot_rows_fp8_bf16(q.data(), ld, scale.data(), scale_ld, r0, rows, k, xbs, n,
+                                 got.data(), rows);
+          for (int i = 0; i < n * rows; ++i)
+            ASSERT_EQ(got[i], want[i]) << "bf16 activations, element " << i;
+        }
       }
     }
   }

@@ -20,14 +20,16 @@ Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16) {
   return tasks_of_16 ? Stream::Bulk : Stream::Registers;
 }
 
-bool experts_grouped_path(int tokens, int top_k, int experts, int setting) {
+bool experts_grouped_path(int tokens, int top_k, int experts, bool fp8, int setting) {
   if (setting >= 0) return setting > 0 && tokens >= setting;
-  // why 4 per expert: below it an expert's rows fill a fraction of the 64-row tile and the
-  // decode kernels, streaming each expert once, win; from 64 tokens: none measured below
-  constexpr int kFromTokensPerExpert = 4;
+  // why 4 per expert (bf16): below it an expert's rows fill a fraction of the 64-row tile and the
+  // decode kernels, streaming each expert once, win; fp8 from 2: there its 64 x 128 instance
+  // ties the fp8 decode kernels at 1 routed token per expert and leads from 2; from 64 tokens:
+  // none measured below
+  const int from_per_expert = fp8 ? 2 : 4;
   constexpr int kFromTokens = 64;
   return tokens >= kFromTokens && static_cast<long long>(tokens) * top_k >=
-                                      static_cast<long long>(kFromTokensPerExpert) * experts;
+                                      static_cast<long long>(from_per_expert) * experts;
 }
 
 double experts_grouped_padded_rows(int tokens, int top_k, int experts, int shared_slots,

@@ -32,8 +32,9 @@ Stream experts_stream_default(int hidden, int tokens, bool tasks_of_16);
 
 // Whether the prefill path (grouped GEMMs on the tensor cores) runs the experts: from `setting`
 // tokens when >= 0 (0: never), else from 64 tokens while experts average at least 4 routed
-// tokens (tokens x top_k >= 4 x experts) (docs/decisions/experts_grouped_path.md).
-bool experts_grouped_path(int tokens, int top_k, int experts, int setting);
+// tokens (tokens x top_k >= 4 x experts), 2 for fp8 block-scale experts
+// (docs/decisions/experts_grouped_path.md).
+bool experts_grouped_path(int tokens, int top_k, int experts, bool fp8, int setting);
 
 // The same for MX experts, whose prefill path first widens every expert with rows to bf16: from
 // `setting` tokens when >= 0 (0: never), else while experts average at least 24 routed tokens

@@ -63,7 +63,7 @@ Stream stream_at(const Shapes& sh, const Settings& st, const PlanOverrides& o, i
     return *o.stream;
   }
   if (mx ? experts_grouped_path_mx(tokens, sh.K, sh.E, o.grouped_from_tokens)
-         : experts_grouped_path(tokens, sh.K, sh.E, o.grouped_from_tokens)) {
+         : experts_grouped_path(tokens, sh.K, sh.E, fp8, o.grouped_from_tokens)) {
     return Stream::Grouped;
   }
   // fp8, MX: the bulk kernels wherever the prefill path does not run (no register instances)

@@ -38,7 +38,7 @@ void set_mx(Job& job, ExpertFormat f, size_t H, const uint8_t* w13, const uint8_
 }
 
 // The fp8 rows of a job go straight into an ISA's fused fp8 kernel where it has one for the
-// job's token count (the down projection always; gate/up when it runs on fp32 activations).
+// job's token count (gate/up also needs one for its activations' type).
 bool fp8_rows(const Kernels& kern, const Job& job) {
   return kern.dot_rows_fp8_f32 != nullptr && job.count <= kern.fp8_row_tokens;
 }
@@ -123,11 +123,20 @@ void project_gate_up(const Kernels& kern, const Job& job, int H, int i0, int i1,
       kern.dot_rows_f32(uw, H, b - a, H, xf, job.count, u + a, job.inter);
     }
   };
-  if (job.gate8 != nullptr && !bf16_dot && fp8_rows(kern, job)) {
-    kern.dot_rows_fp8_f32(job.gate8 + static_cast<size_t>(i0) * H, H, job.gate_scale, fp8_tiles(H),
-                          i0, i1 - i0, H, xf, job.count, g + i0, job.inter);
-    kern.dot_rows_fp8_f32(job.up8 + static_cast<size_t>(i0) * H, H, job.up_scale, fp8_tiles(H), i0,
-                          i1 - i0, H, xf, job.count, u + i0, job.inter);
+  if (job.gate8 != nullptr && fp8_rows(kern, job) && (!bf16_dot || kern.dot_rows_fp8_bf16)) {
+    const uint8_t* gate = job.gate8 + static_cast<size_t>(i0) * H;
+    const uint8_t* up = job.up8 + static_cast<size_t>(i0) * H;
+    if (bf16_dot) {
+      kern.dot_rows_fp8_bf16(gate, H, job.gate_scale, fp8_tiles(H), i0, i1 - i0, H, xb, job.count,
+                             g + i0, job.inter);
+      kern.dot_rows_fp8_bf16(up, H, job.up_scale, fp8_tiles(H), i0, i1 - i0, H, xb, job.count,
+                             u + i0, job.inter);
+    } else {
+      kern.dot_rows_fp8_f32(gate, H, job.gate_scale, fp8_tiles(H), i0, i1 - i0, H, xf, job.count,
+                            g + i0, job.inter);
+      kern.dot_rows_fp8_f32(up, H, job.up_scale, fp8_tiles(H), i0, i1 - i0, H, xf, job.count,
+                            u + i0, job.inter);
+    }
   } else if (!job.gate_mx.empty()) {
     mx_project(kern, job.gate_mx, i0, i1, H, xf, xb, job.count, g + i0, job.inter);
     mx_project(kern, job.up_mx, i0, i1, H, xf, xb, job.count, u + i0, job.inter);

@@ -63,6 +63,11 @@ struct Kernels {
   void (*dot_rows_fp8_f32)(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
                            int r0, int rows, int k, const float* const* x, int n, float* out,
                            size_t ldo) = nullptr;
+  // The same on bf16 activations, summed as dot_rows_bf16 sums (vdpbf16ps): the gate/up
+  // projection where it runs on bf16 activations. Null where dot_rows_bf16 is.
+  void (*dot_rows_fp8_bf16)(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
+                            int r0, int rows, int k, const Bf16* const* x, int n, float* out,
+                            size_t ldo) = nullptr;
   int fp8_row_tokens = 0;
 
   // out[c] = bf16(element(c) x 2^(scale[c / 32] - 127)) for c < k (k a multiple of 32): one row
@@ -103,6 +108,9 @@ void dot_rows_fp8_f32_avx2(const uint8_t* q, size_t ldq, const float* scale, siz
 void dot_rows_fp8_f32_avx512(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
                              int r0, int rows, int k, const float* const* x, int n, float* out,
                              size_t ldo);
+void dot_rows_fp8_bf16_avx512(const uint8_t* q, size_t ldq, const float* scale, size_t scale_ld,
+                              int r0, int rows, int k, const Bf16* const* x, int n, float* out,
+                              size_t ldo);
 
 // The MX row dequantisers (mx_dequant_*.cpp), one pair per table.
 void dequant_mxfp4_row_portable(const uint8_t* q, const uint8_t* scale, int k, Bf16* out);

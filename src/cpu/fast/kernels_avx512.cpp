@@ -309,6 +309,7 @@ const Kernels& avx512_kernels() {
                          .router_dot = router_dot,
                          .dequant_fp8_row = dequant_fp8_row_avx512,
                          .dot_rows_fp8_f32 = dot_rows_fp8_f32_avx512,
+                         .dot_rows_fp8_bf16 = dot_rows_fp8_bf16_avx512,
                          .fp8_row_tokens = 2,
                          .dequant_mxfp4_row = dequant_mxfp4_row_avx512,
                          .dequant_mxfp8_row = dequant_mxfp8_row_avx512,
