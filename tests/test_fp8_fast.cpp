@@ -117,7 +117,8 @@ TEST(Fp8FastDequant, FusedRowKernelsEqualDequantiseThenDot) {
           for (int i = 0; i < n * rows; ++i) {
             double magnitude = 0;  // sum of |products|: the scale of the rounding differences
             for (int c = 0; c < k; ++c)
-              magnitude += std::fabs(double(bf16_to_float(w[(i % rows) * k + c])) * xs[i / rows][c]);
+              magnitude +=
+                  std::fabs(double(bf16_to_float(w[(i % rows) * k + c])) * xs[i / rows][c]);
             ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude) << "fp32 activations, element " << i;
           }
           if (kern.dot_rows_fp8_bf16 == nullptr || !cpu_fast::cpu_has_avx512_bf16()) continue;

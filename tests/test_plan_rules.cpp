@@ -184,7 +184,7 @@ TEST(PlanRules, GroupedPathFrom64TokensAnd4RoutedTokensPerExpertUnlessForced) {
   EXPECT_TRUE(experts_grouped_path(128, 8, 256, false, -1));  // 4 per expert
   EXPECT_TRUE(experts_grouped_path(64, 8, 128, false, -1));   // Qwen3-30B-A3B: 4 per expert
   EXPECT_FALSE(experts_grouped_path(63, 8, 128, false, -1));
-  EXPECT_FALSE(experts_grouped_path(32, 2, 8, false, -1));    // Mixtral: 8 per expert, below 64 tokens
+  EXPECT_FALSE(experts_grouped_path(32, 2, 8, false, -1));  // Mixtral: 8 per expert, < 64 tokens
   EXPECT_TRUE(experts_grouped_path(64, 2, 8, false, -1));
   EXPECT_TRUE(experts_grouped_path(1, 8, 256, false, 1));     // forced from 1 token
   EXPECT_FALSE(experts_grouped_path(16384, 8, 256, false, 0));  // 0: never
@@ -192,7 +192,7 @@ TEST(PlanRules, GroupedPathFrom64TokensAnd4RoutedTokensPerExpertUnlessForced) {
 
 // docs/decisions/experts_grouped_path.md: fp8 block-scale experts from 2 routed tokens per expert
 TEST(PlanRules, Fp8GroupedPathFrom64TokensAnd2RoutedTokensPerExpert) {
-  EXPECT_TRUE(experts_grouped_path(64, 8, 256, true, -1));   // DeepSeek-V3, MiniMax-M2: 2 per expert
+  EXPECT_TRUE(experts_grouped_path(64, 8, 256, true, -1));  // DeepSeek-V3, MiniMax-M2: 2 each
   EXPECT_FALSE(experts_grouped_path(63, 8, 256, true, -1));
   EXPECT_FALSE(experts_grouped_path(95, 8, 384, true, -1));  // Kimi-K2: from 96 tokens
   EXPECT_TRUE(experts_grouped_path(96, 8, 384, true, -1));

@@ -4,8 +4,9 @@
 // bf16 weights go straight into the kernels. fp8 weights (LayerWeights::expert_dtype() F8_E4M3)
 // run weight-only, each weight bf16(fp8 x tile scale) (the value of a bf16 load). At decode token
 // counts an ISA with a fused fp8 row kernel (kernels.h dot_rows_fp8_f32 / _bf16) makes the
-// weights in registers; otherwise each unit dequantises its rows, kFp8ChunkRows at a time, into a per-thread
-// bf16 buffer that stays in cache (kernels.h dequant_fp8_row) and runs the bf16 kernels on it.
+// weights in registers; otherwise each unit dequantises its rows, kFp8ChunkRows at a time, into a
+// per-thread bf16 buffer that stays in cache (kernels.h dequant_fp8_row) and runs the bf16
+// kernels on it.
 // Chunks are multiples of the kernels' 4-row tiles and start at the unit's first row, and the
 // fused kernels sum as the bf16 ones do, so y equals the bf16 path's on the dequantised checkpoint
 // bit for bit, while the weights cross the memory bus as fp8 bytes. MX weights (expert_format()

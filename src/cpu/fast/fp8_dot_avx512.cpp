@@ -50,9 +50,9 @@ alignas(64) constexpr uint16_t kHigh[32] = {
 // bf16 round to nearest even of 16 finite fp32 (float_to_bf16's integer form), as 16-bit lanes.
 inline __m256i bf16_bits(__m512 f) {
   __m512i u = _mm512_castps_si512(f);
-  u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                           _mm512_and_si512(_mm512_srli_epi32(u, 16),
-                                                            _mm512_set1_epi32(1))));
+  u = _mm512_add_epi32(
+      u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
 }
 
@@ -69,8 +69,8 @@ bool build_tables(const float* sr, int k, std::vector<TileTables>& out) {
       MK_ROW(0x1p-7f), MK_ROW(0x1p-6f), MK_ROW(0x1p-5f), MK_ROW(0x1p-4f)
 #undef MK_ROW
   };
-  alignas(64) static const float kSubnormal[16] = {0,          0x1p-9f,    2 * 0x1p-9f, 3 * 0x1p-9f,
-                                                   4 * 0x1p-9f, 5 * 0x1p-9f, 6 * 0x1p-9f, 7 * 0x1p-9f};
+  alignas(64) static const float kSubnormal[16] = {
+      0, 0x1p-9f, 2 * 0x1p-9f, 3 * 0x1p-9f, 4 * 0x1p-9f, 5 * 0x1p-9f, 6 * 0x1p-9f, 7 * 0x1p-9f};
   const int tiles = (k + kTile - 1) / kTile;
   for (int t = 0; t < tiles; ++t)
     if (!tables_exact(sr[t])) return false;
@@ -170,7 +170,8 @@ void row_fp8_f32(RowWeights<kTables> rw, int k, const float* const* x, float* ou
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
   const int k_main = k & ~31;
   for (int c = 0; c < k_main; c += 32) {
-    if ((c & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(rw.q + c) + kPrefetchBytes, _MM_HINT_T1);
+    if ((c & 63) == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(rw.q + c) + kPrefetchBytes, _MM_HINT_T1);
     const __m512i wb = rw.at(c, 32);
     const __m512 w0 = widen(_mm512_castsi512_si256(wb));
     const __m512 w1 = widen(_mm512_extracti64x4_epi64(wb, 1));
