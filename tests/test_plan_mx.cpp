@@ -59,7 +59,8 @@ TEST(PlanMx, PrefillBatchesWidenRunsOfExperts) {
     EXPECT_EQ(gpt.grouped_mx_chunk, 16) << tokens;
     EXPECT_EQ(gpt.grouped_mx_runs, 8) << tokens;
     EXPECT_TRUE(gpt.experts.empty());
-    EXPECT_EQ(own_launches(gpt), 2 + 4 + 4 * 8) << tokens;  // router, routing; 4; 4 per run
+    // router, routing; plan (2), permute, activation, combine; 4 per run
+    EXPECT_EQ(own_launches(gpt), 2 + 5 + 4 * 8) << tokens;
     const LayerPlan m3 = mx_plan("minimax-m3", tokens, ExpertFormat::Mxfp8);
     EXPECT_EQ(m3.stream, Stream::Grouped) << tokens;
     EXPECT_TRUE(m3.fused) << tokens;

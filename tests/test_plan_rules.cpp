@@ -382,6 +382,30 @@ TEST(PlanRules, SharedDenseOverFusedByTheBytesReadAgain) {
   EXPECT_TRUE(experts_shared_dense_over_fused(33, 16, kDeepSeekV4Flash));
 }
 
+// docs/decisions/fuse_shared_auto.md: on the grouped path `auto` runs the shared MLP as dense
+// GEMMs wherever the dense shared path applies; without it, and for quantised experts, the shared
+// slots ride as more groups.
+TEST(PlanRules, GroupedPathRunsTheSharedMlpDense) {
+  const DeviceInfo sm90 = device_profile("sm90");
+  auto plan = [&](const char* model, int tokens, PlanOverrides o, DType dt) {
+    return plan_layer(load_spec(model), tokens, FuseShared::Auto, o, sm90, dt);
+  };
+  for (const char* m : {"deepseek-v3", "minimax-m3", "kimi-k2", "qwen2-57b-a14b"}) {
+    for (int tokens : {1024, 4096, 16384}) {
+      const LayerPlan p = plan(m, tokens, {}, DType::BF16);
+      EXPECT_EQ(p.stream, Stream::Grouped) << m << " " << tokens;
+      EXPECT_FALSE(p.fused) << m << " " << tokens;
+      EXPECT_TRUE(p.dense_shared) << m << " " << tokens;
+    }
+  }
+  PlanOverrides no_dense;
+  no_dense.shared_dense_tokens = 0;
+  EXPECT_TRUE(plan("deepseek-v3", 4096, no_dense, DType::BF16).fused);
+  const LayerPlan fp8 = plan("deepseek-v3", 4096, {}, DType::F8_E4M3);
+  EXPECT_EQ(fp8.stream, Stream::Grouped);
+  EXPECT_TRUE(fp8.fused);
+}
+
 // docs/decisions/experts_down_whole_tiles.md
 TEST(PlanRules, DownGridTakesWholeTilesOnlyWithFewIdleSMs) {
   // Qwen3-30B-A3B's 2048 rows = 128 tiles on the H200's 132 resident CTAs: whole tiles

@@ -122,6 +122,10 @@ bool resolve_fused(const MoeSpec& spec, const Shapes& sh, const Settings& st, St
     return false;
   }
   if (stream == Stream::Grouped) {
+    if (dense_shared_at(sh, st, tokens)) {
+      *why = "auto: the grouped path runs the shared MLP as dense GEMMs beside the routed groups";
+      return false;
+    }
     *why = "auto: the grouped GEMMs take the shared slots as more groups";
     return true;
   }
@@ -330,7 +334,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
 }
 
 int own_launches(const LayerPlan& p) {
-  constexpr int kGroupedPathLaunches = 6;  // plan, permute, 2 GEMMs, activation, combine
+  constexpr int kGroupedPathLaunches = 7;  // plan (count, place), permute, 2 GEMMs, activation,
+                                           // combine
   // (MX: each GEMM in runs, a widening and a GEMM each)
   const int experts = p.stream != Stream::Grouped ? static_cast<int>(p.experts.size())
                       : p.grouped_mx_runs > 0     ? kGroupedPathLaunches - 2 + 4 * p.grouped_mx_runs

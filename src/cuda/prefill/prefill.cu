@@ -1,4 +1,4 @@
-// The prefill path's host entry (prefill.h): checks, the workspace's layout, six launches.
+// The prefill path's host entry (prefill.h): checks, the workspace's layout, seven launches.
 #include <cuda_runtime.h>
 
 #include <algorithm>

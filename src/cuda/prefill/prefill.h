@@ -1,10 +1,10 @@
 // The prefill path of the GPU experts (compute-bound batches, hundreds to thousands of tokens) on
 // sm_90a tensor cores: one host entry that takes the routing's ids and weights and runs
 //
-//   1. plan     (one CTA) per-expert counts over the weight rows E+S, their offsets, a stable
-//               permutation (pair q = t*slots + s -> row pos(q), rows grouped by expert in expert
-//               order, pairs of one expert in pair order) and both GEMMs' per-group problem
-//               sizes, pointers and strides, all on the device
+//   1. plan     (two launches, prefill_plan.cu) per-expert counts over the weight rows E+S,
+//               their offsets, a stable permutation (pair q = t*slots + s -> row pos(q), rows
+//               grouped by expert in expert order, pairs of one expert in pair order) and both
+//               GEMMs' per-group problem sizes, pointers and strides, all on the device
 //   2. permute  xs[pos(q)] = x[q / slots]: each expert's token rows contiguous
 //   3. gate/up  grouped GEMM gu[n_e, 2I] = xs_e[n_e, H] . w13_e[2I, H]^T, bf16 (prefill_gemm.h)
 //   4. act      h[n_e, I] = act(gate + b13, up + b13) in bf16 (SiLU*mul, the clamped variants)
@@ -114,7 +114,7 @@ size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, 
 // Whether the current device runs the path (sm_90a: compute capability 9.0); else `why`.
 bool prefill_supported(const char** why = nullptr);
 
-// Runs the path in `stream` (6 launches; MX: 2 more per run of mx_chunk experts). Throws
+// Runs the path in `stream` (7 launches; MX: 2 more per run of mx_chunk experts). Throws
 // moekit::Error naming the bad field before any launch (shapes, alignment, the workspace's size).
 void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream);
 

@@ -21,6 +21,8 @@ struct PrefillWorkspace {
   int* pos_of_pair = nullptr;   // [P]: the permuted row of pair q, or -1 (id out of range)
   int* row_expert = nullptr;    // [P]: the expert of permuted row r (written with expert biases)
   int* total_rows = nullptr;    // [1]: the valid pairs (rows of xs)
+  int* plan_counts = nullptr;   // [plan_ctas, rows]: the plan's per-range expert counts
+  int plan_ctas = 0;            // the CTA ranges the plan may split max_tokens x slots pairs into
   __nv_bfloat16* xs = nullptr;  // [P, H] permuted x
   __nv_bfloat16* gu = nullptr;  // [P, 2I] gate/up GEMM output
   __nv_bfloat16* h = nullptr;   // [P, I] activation
@@ -42,9 +44,15 @@ struct PrefillWorkspace {
 PrefillWorkspace prefill_carve(void* base, int max_tokens, int slots, int rows, int hidden,
                                int inter, bool fp8, int mx_chunk);
 
-// Step 1, one CTA: counts, offsets, the stable permutation and both GEMMs' group arrays (MX:
-// group e's weights at mx_weights + (e % mx_chunk) matrices, where its run widens them).
+// Step 1 (prefill_plan.cu), two launches over prefill_plan_ctas(pairs) CTA ranges of the pairs:
+// counts, offsets, the stable permutation and both GEMMs' group arrays (MX: group e's weights at
+// mx_weights + (e % mx_chunk) matrices, where its run widens them).
 void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cudaStream_t stream);
+// The plan's CTA ranges for `pairs` pairs: one per kPrefillPlanPairsPerCta, 1 to
+// kPrefillPlanMaxCtas.
+int prefill_plan_ctas(long long pairs);
+constexpr int kPrefillPlanPairsPerCta = 2048;
+constexpr int kPrefillPlanMaxCtas = 32;
 // Step 2: xs[pos_of_pair[q]] = x[q / slots] for every pair q (in pair order).
 void launch_prefill_permute(const PrefillParams& p, const PrefillWorkspace& ws,
                             cudaStream_t stream);
