@@ -28,11 +28,12 @@ namespace {
 // L2 prefetch this far ahead in the weight stream at 2 tokens (as kernels_avx512.cpp does).
 constexpr int kPrefetchBytes = 4096;
 
-// 16 bytes of e2m1 pairs -> their 32 codes as bytes in column order (low nibble first).
-inline __m256i nibbles32(const uint8_t* q) {
-  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-  return _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi16(0x0f)),
-                         _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0xf0)), 4));
+// 8 bytes of e2m1 pairs -> vpermps indices of their 16 codes in column order: u64 lane i = byte
+// i | byte i << 28, so u32 lane 2i holds the low nibble and lane 2i + 1 the high one in bits 0-3
+// (vpermps reads those only).
+inline __m512i nibble_indices16(const uint8_t* q) {
+  const __m512i b = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+  return _mm512_or_si512(b, _mm512_slli_epi64(b, 28));
 }
 
 // bf16 round to nearest even of 16 fp32, the result as fp32 (low 16 bits zero).
@@ -66,10 +67,11 @@ inline __m512bh pack_bf16(__m512 lo, __m512 hi) {
 inline __m512bh mxfp4_bf16x32(const uint8_t* q, const E2m1RowBf16& row) {
   const __m256i t16 = _mm256_load_si256(reinterpret_cast<const __m256i*>(row.bits));
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-  // u32 lane i = low nibble of byte i | high nibble << 16: u16 lanes 2i, 2i+1 in column order
-  const __m512i idx = _mm512_or_si512(
-      _mm512_and_si512(b, _mm512_set1_epi32(0x0f)),
-      _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0xf0)), 12));
+  // u32 lane i = low nibble of byte i | byte i << 12 (one ternary-logic op): u16 lanes 2i, 2i+1
+  // index the low and the high nibble in column order (vpermw reads an index's low 5 bits, so the
+  // low nibble's copy in bits 12-15 is not read, and the high nibble needs no mask)
+  const __m512i idx =
+      _mm512_ternarylogic_epi32(b, _mm512_slli_epi32(b, 12), _mm512_set1_epi32(0x0f), 0xec);
   return (__m512bh)_mm512_permutexvar_epi16(idx, _mm512_zextsi256_si512(t16));
 }
 
@@ -82,9 +84,8 @@ void row_mxfp4_f32(const uint8_t* q, const uint8_t* s, int k, const float* const
   for (int c = 0; c < k; c += 32) {
     if ((c & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(q + c / 2) + kPrefetchBytes, _MM_HINT_T1);
     const __m512 scaled = _mm512_load_ps(tables[s[c >> 5]].f32);
-    const __m256i codes = nibbles32(q + c / 2);
-    const __m512 w0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(codes)), scaled);
-    const __m512 w1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(codes, 1)), scaled);
+    const __m512 w0 = _mm512_permutexvar_ps(nibble_indices16(q + c / 2), scaled);
+    const __m512 w1 = _mm512_permutexvar_ps(nibble_indices16(q + c / 2 + 8), scaled);
     for (int j = 0; j < J; ++j) {
       a0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), a0[j]);
       a1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + c + 16), a1[j]);
