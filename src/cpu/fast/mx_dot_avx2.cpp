@@ -24,7 +24,16 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// 8 e2m1 codes (one per 32-bit lane) -> values, from the block's scaled magnitudes.
+// 4 bytes of e2m1 pairs -> their 8 codes, one per 32-bit lane in column order, in bits 0-3: u64
+// lane i = byte i | byte i << 28 (the low nibble's lane also holds copies of it in bits 28-31
+// and the high nibble in bits 4-7, which e2m1x8 does not read).
+inline __m256i nibble_codes8(const uint8_t* q) {
+  const __m256i b = _mm256_cvtepu8_epi64(_mm_loadu_si32(q));
+  return _mm256_or_si256(b, _mm256_slli_epi64(b, 28));
+}
+
+// 8 e2m1 codes (one per 32-bit lane, in bits 0-3; bit 3 the sign) -> values, from the block's
+// scaled magnitudes (vpermps reads an index's low 3 bits).
 inline __m256 e2m1x8(__m256i codes, __m256 scaled) {
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(codes, _mm256_set1_epi32(8)), 28);
   return _mm256_or_ps(_mm256_permutevar8x32_ps(scaled, codes), _mm256_castsi256_ps(sign));
@@ -59,12 +68,8 @@ void row_mx_f32(const uint8_t* q, const uint8_t* s, int k, const float* const* x
     if constexpr (kFp4) {
       if ((c & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(q + c / 2) + 4096, _MM_HINT_T1);
       const __m256 scaled = _mm256_load_ps(tables[sb].f32);  // the 8 magnitudes x 2^(s-127)
-      // 8 bytes -> 16 codes in column order (low nibble first)
-      const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + c / 2)));
-      const __m128i codes = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0f)),
-                                         _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0xf0)), 4));
-      w0 = e2m1x8(_mm256_cvtepu8_epi32(codes), scaled);
-      w1 = e2m1x8(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)), scaled);
+      w0 = e2m1x8(nibble_codes8(q + c / 2), scaled);
+      w1 = e2m1x8(nibble_codes8(q + c / 2 + 4), scaled);
     } else {
       if ((c & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(q + c) + 4096, _MM_HINT_T1);
       w0 = e4m3x8(q + c, sb, st);

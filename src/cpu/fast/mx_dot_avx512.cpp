@@ -125,21 +125,22 @@ inline __m512i e4m3_subnormal_bits() {
 // subnormal one m x 2^-9 with s - 127 added to its exponent field; every result is a normal
 // bf16 in that range of s, so no rounding happens.
 inline __m512bh e4m3_bf16x32(const uint8_t* q, uint8_t s, __m512i subnormals) {
-  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
-  const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi16(0x7f));
-  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
-  const __m512i normal =
-      _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(static_cast<short>((s - 7) << 7)));
-  const __mmask32 is_sub =
-      _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, _mm512_set1_epi16(0x78)), _mm512_setzero_si512());
-  if (is_sub == 0) return (__m512bh)_mm512_or_si512(normal, sign);
-  // subnormal codes (E = 0, rare in a block scaled to its largest element): the table shifted
-  // by 2^(s-127), code 0 kept 0
+  // sign-extended codes: b << 4 holds the magnitude in bits 4-10 and the sign in bit 15, and the
+  // exponent offset added to the masked bits never carries into the sign
+  const __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+  const __m512i normal = _mm512_add_epi16(
+      _mm512_and_si512(_mm512_slli_epi16(b, 4), _mm512_set1_epi16(static_cast<short>(0x87f0))),
+      _mm512_set1_epi16(static_cast<short>((s - 7) << 7)));
+  const __mmask32 is_sub = _mm512_testn_epi16_mask(b, _mm512_set1_epi16(0x78));
+  if (is_sub == 0) return (__m512bh)normal;
+  // subnormal codes (E = 0, rare in a block scaled to its largest element): the table (indexed
+  // by the code's low 5 bits, m there) shifted by 2^(s-127), code 0 kept 0, and the sign
   const __m512i sub = _mm512_mask_mov_epi16(
       _mm512_add_epi16(subnormals, _mm512_set1_epi16(static_cast<short>((s - 127) << 7))), 1,
       _mm512_setzero_si512());
-  const __m512i bits = _mm512_mask_mov_epi16(normal, is_sub, _mm512_permutexvar_epi16(mag, sub));
-  return (__m512bh)_mm512_or_si512(bits, sign);
+  const __m512i sign = _mm512_and_si512(b, _mm512_set1_epi16(static_cast<short>(0x8000)));
+  return (__m512bh)_mm512_mask_mov_epi16(normal, is_sub,
+                                         _mm512_or_si512(_mm512_permutexvar_epi16(b, sub), sign));
 }
 
 // 32 weights of the block at column c as bf16, for either format.
