@@ -56,12 +56,14 @@ std::unique_ptr<LayerWeights> mx_layer(const MoeSpec& spec, ExpertFormat f, uint
 }
 
 // gpt-oss (MXFP4: rows of 160 and 96 bytes, one partial block; then rows of 2080 bytes, a
-// chunk and a partial block of 32) and MiniMax-M3 (MXFP8, one fused shared slot: rows of 384
-// and 192 bytes; then 2112, a chunk and a block of 64).
+// chunk and a partial block of 32), MiniMax-M3 (MXFP8, one fused shared slot: rows of 384
+// and 192 bytes; then 2112, a chunk and a block of 64), and gpt-oss's own gate/up rows of 1440
+// bytes (11.25 blocks: the 8 consumer warps take 2 or 1, the last partial).
 const MxCase kCases[] = {{"gpt-oss-120b", ExpertFormat::Mxfp4, 320, 192, 16, 0},
                          {"gpt-oss-120b", ExpertFormat::Mxfp4, 4160, 320, 8, 0},
                          {"minimax-m3", ExpertFormat::Mxfp8, 384, 192, 16, 1},
-                         {"minimax-m3", ExpertFormat::Mxfp8, 2112, 256, 8, 1}};
+                         {"minimax-m3", ExpertFormat::Mxfp8, 2112, 256, 8, 1},
+                         {"gpt-oss-120b", ExpertFormat::Mxfp4, 2880, 320, 8, 0}};
 
 // The options of a layer on the bulk MX kernels at every batch, or on the prefill path at every
 // batch in runs of 3 experts (not dividing the 16 or 17 weight rows).

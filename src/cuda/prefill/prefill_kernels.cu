@@ -16,25 +16,35 @@ namespace {
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-// xs[pos(q)] = x[q / slots] for every pair q in pair order, 16 bytes a thread: x is read once,
-// in order (a token's slots are neighbours), the rows written where the plan placed them
+// 16-byte units of a permute segment (2 KB: 4 a lane) and h columns of an activation segment (4
+// times 8 a lane)
+constexpr int kPermuteSegmentUnits = 128;
+constexpr int kActSegmentCols = 1024;
+
+// xs[pos(q)] = x[q / slots] for every pair q in pair order, a warp a segment of a row: x is read
+// once, in order (a token's slots are neighbours), the rows written where the plan placed them
 __global__ void prefill_permute_kernel(const uint4* __restrict__ x,
                                        const int* __restrict__ pos_of_pair, uint4* __restrict__ xs,
                                        long long pairs, int units, int slots) {
-  const long long n = pairs * units;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long q = i / units;
-    const int c = static_cast<int>(i - q * units);
+  const int segs = (units + kPermuteSegmentUnits - 1) / kPermuteSegmentUnits;
+  prefill_detail::for_each_row_segment(pairs, segs, [&](long long q, int seg, int lane) {
     const int pos = pos_of_pair[q];
-    if (pos >= 0) xs[static_cast<long long>(pos) * units + c] = x[(q / slots) * units + c];
-  }
+    if (pos < 0) return;
+    const uint4* src = x + (q / slots) * units;
+    uint4* dst = xs + static_cast<long long>(pos) * units;
+    const int end = min(units, (seg + 1) * kPermuteSegmentUnits);
+#pragma unroll
+    for (int c = seg * kPermuteSegmentUnits + lane; c < end; c += 32) dst[c] = src[c];
+  });
 }
 
 // The gated nonlinearity: the decode kernels' own (experts_common.cuh, DESIGN.md §1).
 using experts_detail::activate;
 using prefill_detail::add_f32x8;
+using prefill_detail::for_each_row_segment;
 using prefill_detail::load_bf16x8;
+using prefill_detail::load_gate_up_x8;
+using prefill_detail::segment_grid;
 using prefill_detail::store_bf16x8;
 using prefill_detail::stride_grid;
 
@@ -50,28 +60,24 @@ struct ActArgs {
   float limit, alpha, beta;
 };
 
-// 8 consecutive h columns a thread
+// a warp a segment of a row, 8 consecutive h columns a lane at a time
 __global__ void prefill_activation_kernel(ActArgs a) {
   const long long rows = min(static_cast<long long>(*a.total_rows), a.max_rows);
-  const int octs = a.inter / 8;
-  const long long n = rows * octs;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long r = i / octs;
-    const int j = static_cast<int>(i - r * octs) * 8;
+  const int segs = (a.inter + kActSegmentCols - 1) / kActSegmentCols;
+  for_each_row_segment(rows, segs, [&](long long r, int seg, int lane) {
     const __nv_bfloat16* row = a.gu + r * 2 * a.inter;
-    float g[8], u[8], h[8];
-    load_bf16x8(row + j, g);
-    load_bf16x8(row + a.inter + j, u);
-    if (a.b13 != nullptr) {
-      const float* b = a.b13 + static_cast<long long>(a.row_expert[r]) * 2 * a.inter;
-      add_f32x8(b + j, 1.0f, g);
-      add_f32x8(b + a.inter + j, 1.0f, u);
-    }
+    const float* b =
+        a.b13 != nullptr ? a.b13 + static_cast<long long>(a.row_expert[r]) * 2 * a.inter : nullptr;
+    const int end = min(a.inter, (seg + 1) * kActSegmentCols);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) h[k] = activate(a.act, g[k], u[k], a.limit, a.alpha, a.beta);
-    store_bf16x8(a.h + r * a.inter + j, h);
-  }
+    for (int j = seg * kActSegmentCols + 8 * lane; j < end; j += 8 * 32) {
+      float g[8], u[8], h[8];
+      load_gate_up_x8(row, b, a.inter, j, g, u);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) h[k] = activate(a.act, g[k], u[k], a.limit, a.alpha, a.beta);
+      store_bf16x8(a.h + r * a.inter + j, h);
+    }
+  });
 }
 
 struct CombineArgs {
@@ -179,7 +185,8 @@ void launch_prefill_permute(const PrefillParams& p, const PrefillWorkspace& ws,
                             cudaStream_t stream) {
   const long long pairs = static_cast<long long>(p.tokens) * p.slots;
   const int units = p.hidden / 8;
-  prefill_permute_kernel<<<stride_grid(pairs * units, 256), 256, 0, stream>>>(
+  const int segs = (units + kPermuteSegmentUnits - 1) / kPermuteSegmentUnits;
+  prefill_permute_kernel<<<segment_grid(pairs, segs, 256), 256, 0, stream>>>(
       reinterpret_cast<const uint4*>(p.x), ws.pos_of_pair, reinterpret_cast<uint4*>(ws.xs), pairs,
       units, p.slots);
   MK_CUDA_CHECK(cudaGetLastError());
@@ -199,7 +206,8 @@ void launch_prefill_activation(const PrefillParams& p, const PrefillWorkspace& w
   a.limit = p.limit;
   a.alpha = p.alpha;
   a.beta = p.beta;
-  prefill_activation_kernel<<<stride_grid(a.max_rows * (p.inter / 8), 256), 256, 0, stream>>>(a);
+  const int segs = (p.inter + kActSegmentCols - 1) / kActSegmentCols;
+  prefill_activation_kernel<<<segment_grid(a.max_rows, segs, 256), 256, 0, stream>>>(a);
   MK_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -3,9 +3,9 @@
 // rule of cpu_reference::quantize_activation_fp8 bit for bit (cuda/common/fp8_quantize.cuh).
 // h is quantised from its bf16 value, as the reference and the models' bf16 activation give it.
 //
-// Grid mapping: 16 lanes (a half-warp) per 128-value group, 8 values a lane (one 16-byte bf16
-// load); the group's amax is a 4-step xor shuffle inside the half-warp. Grid-stride loops advance
-// by a multiple of 16 threads, so the 16 lanes of a group stay together to the end.
+// Grid mapping: a warp a segment of a row (kSegmentGroups groups), 16 lanes (a half-warp) per
+// 128-value group, 8 values a lane (one 16-byte bf16 load); the half-warps take the segment's
+// groups in turn, and a group's amax is a 4-step xor shuffle inside its half-warp.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -23,12 +23,19 @@ namespace moekit::cuda {
 namespace {
 
 using experts_detail::activate;
-using prefill_detail::add_f32x8;
+using prefill_detail::for_each_row_segment;
 using prefill_detail::load_bf16x8;
-using prefill_detail::stride_grid;
+using prefill_detail::load_gate_up_x8;
+using prefill_detail::segment_grid;
 
 constexpr int kLanesPerGroup = kFp8GroupLanes;
 constexpr int kThreads = 256;
+// 128-value groups of a warp's segment of a row (4 a half-warp)
+constexpr int kSegmentGroups = 8;
+
+__host__ __device__ constexpr int segments(int groups) {
+  return (groups + kSegmentGroups - 1) / kSegmentGroups;
+}
 static_assert(kThreads % 32 == 0 && kLanesPerGroup == 16, "a group is one half of a warp");
 
 struct PermuteFp8Args {
@@ -44,23 +51,22 @@ struct PermuteFp8Args {
 // group (q, b): x[q / slots][128 b, 128 b + 128) -> xq[pos(q)], xq_scale[pos(q)][b]
 __global__ void prefill_permute_fp8_kernel(PermuteFp8Args a) {
   const int blocks = a.hidden / kPrefillFp8Block;
-  const long long n = a.pairs * blocks * kLanesPerGroup;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long item = i / kLanesPerGroup;
-    const int part = static_cast<int>(i % kLanesPerGroup);
-    const long long q = item / blocks;
-    const int b = static_cast<int>(item - q * blocks);
+  for_each_row_segment(a.pairs, segments(blocks), [&](long long q, int seg, int lane) {
     const int pos = a.pos_of_pair[q];
-    if (pos < 0) continue;  // (the half-warp's lanes share q: they skip together)
-    const int c = b * kPrefillFp8Block + part * 8;
-    float v[8];
-    load_bf16x8(a.x + (q / a.slots) * a.hidden + c, v);
-    uint2 codes;
-    const float s = quantize_group_fp8(v, a.ue8m0, &codes);
-    *reinterpret_cast<uint2*>(a.xq + static_cast<long long>(pos) * a.hidden + c) = codes;
-    if (part == 0) a.xq_scale[static_cast<long long>(pos) * blocks + b] = s;
-  }
+    if (pos < 0) return;
+    const int part = lane % kLanesPerGroup;
+    const __nv_bfloat16* src = a.x + (q / a.slots) * a.hidden;
+    const int end = min(blocks, (seg + 1) * kSegmentGroups);
+    for (int b = seg * kSegmentGroups + lane / kLanesPerGroup; b < end; b += 32 / kLanesPerGroup) {
+      const int c = b * kPrefillFp8Block + part * 8;
+      float v[8];
+      load_bf16x8(src + c, v);
+      uint2 codes;
+      const float s = quantize_group_fp8(v, a.ue8m0, &codes);
+      *reinterpret_cast<uint2*>(a.xq + static_cast<long long>(pos) * a.hidden + c) = codes;
+      if (part == 0) a.xq_scale[static_cast<long long>(pos) * blocks + b] = s;
+    }
+  });
 }
 
 struct ActFp8Args {
@@ -82,33 +88,27 @@ struct ActFp8Args {
 __global__ void prefill_activation_fp8_kernel(ActFp8Args a) {
   const long long rows = min(static_cast<long long>(*a.total_rows), a.max_rows);
   const int blocks = a.inter / kPrefillFp8Block;
-  const long long n = rows * blocks * kLanesPerGroup;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    const long long item = i / kLanesPerGroup;
-    const int part = static_cast<int>(i % kLanesPerGroup);
-    const long long r = item / blocks;
-    const int b = static_cast<int>(item - r * blocks);
-    const int j = b * kPrefillFp8Block + part * 8;
+  for_each_row_segment(rows, segments(blocks), [&](long long r, int seg, int lane) {
+    const int part = lane % kLanesPerGroup;
     const __nv_bfloat16* row = a.gu + r * 2 * a.inter;
-    float g[8], u[8], h[8];
-    load_bf16x8(row + j, g);
-    load_bf16x8(row + a.inter + j, u);
-    if (a.b13 != nullptr) {
-      const float* bias = a.b13 + static_cast<long long>(a.row_expert[r]) * 2 * a.inter;
-      add_f32x8(bias + j, 1.0f, g);
-      add_f32x8(bias + a.inter + j, 1.0f, u);
-    }
+    const float* bias =
+        a.b13 != nullptr ? a.b13 + static_cast<long long>(a.row_expert[r]) * 2 * a.inter : nullptr;
+    const int end = min(blocks, (seg + 1) * kSegmentGroups);
+    for (int b = seg * kSegmentGroups + lane / kLanesPerGroup; b < end; b += 32 / kLanesPerGroup) {
+      const int j = b * kPrefillFp8Block + part * 8;
+      float g[8], u[8], h[8];
+      load_gate_up_x8(row, bias, a.inter, j, g, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      h[k] = __bfloat162float(
-          __float2bfloat16_rn(activate(a.act, g[k], u[k], a.limit, a.alpha, a.beta)));
+      for (int k = 0; k < 8; ++k) {
+        h[k] = __bfloat162float(
+            __float2bfloat16_rn(activate(a.act, g[k], u[k], a.limit, a.alpha, a.beta)));
+      }
+      uint2 codes;
+      const float s = quantize_group_fp8(h, a.ue8m0, &codes);
+      *reinterpret_cast<uint2*>(a.hq + r * a.inter + j) = codes;
+      if (part == 0) a.hq_scale[r * blocks + b] = s;
     }
-    uint2 codes;
-    const float s = quantize_group_fp8(h, a.ue8m0, &codes);
-    *reinterpret_cast<uint2*>(a.hq + r * a.inter + j) = codes;
-    if (part == 0) a.hq_scale[r * blocks + b] = s;
-  }
+  });
 }
 
 }  // namespace
@@ -124,8 +124,8 @@ void launch_prefill_permute_fp8(const PrefillParams& p, const PrefillWorkspace& 
   a.hidden = p.hidden;
   a.slots = p.slots;
   a.ue8m0 = p.ue8m0;
-  const long long n = a.pairs * (p.hidden / kPrefillFp8Block) * kLanesPerGroup;
-  prefill_permute_fp8_kernel<<<stride_grid(n, kThreads), kThreads, 0, stream>>>(a);
+  const int segs = segments(p.hidden / kPrefillFp8Block);
+  prefill_permute_fp8_kernel<<<segment_grid(a.pairs, segs, kThreads), kThreads, 0, stream>>>(a);
   MK_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -145,8 +145,9 @@ void launch_prefill_activation_fp8(const PrefillParams& p, const PrefillWorkspac
   a.alpha = p.alpha;
   a.beta = p.beta;
   a.ue8m0 = p.ue8m0;
-  const long long n = a.max_rows * (p.inter / kPrefillFp8Block) * kLanesPerGroup;
-  prefill_activation_fp8_kernel<<<stride_grid(n, kThreads), kThreads, 0, stream>>>(a);
+  const int segs = segments(p.inter / kPrefillFp8Block);
+  prefill_activation_fp8_kernel<<<segment_grid(a.max_rows, segs, kThreads), kThreads, 0, stream>>>(
+      a);
   MK_CUDA_CHECK(cudaGetLastError());
 }
 
