@@ -26,7 +26,7 @@ constexpr int kActSegmentCols = 1024;
 __global__ void prefill_permute_kernel(const uint4* __restrict__ x,
                                        const int* __restrict__ pos_of_pair, uint4* __restrict__ xs,
                                        long long pairs, int units, int slots) {
-  const int segs = (units + kPermuteSegmentUnits - 1) / kPermuteSegmentUnits;
+  const int segs = prefill_detail::segments(units, kPermuteSegmentUnits);
   prefill_detail::for_each_row_segment(pairs, segs, [&](long long q, int seg, int lane) {
     const int pos = pos_of_pair[q];
     if (pos < 0) return;
@@ -45,6 +45,7 @@ using prefill_detail::for_each_row_segment;
 using prefill_detail::load_bf16x8;
 using prefill_detail::load_gate_up_x8;
 using prefill_detail::segment_grid;
+using prefill_detail::segments;
 using prefill_detail::store_bf16x8;
 using prefill_detail::stride_grid;
 
@@ -63,7 +64,7 @@ struct ActArgs {
 // a warp a segment of a row, 8 consecutive h columns a lane at a time
 __global__ void prefill_activation_kernel(ActArgs a) {
   const long long rows = min(static_cast<long long>(*a.total_rows), a.max_rows);
-  const int segs = (a.inter + kActSegmentCols - 1) / kActSegmentCols;
+  const int segs = segments(a.inter, kActSegmentCols);
   for_each_row_segment(rows, segs, [&](long long r, int seg, int lane) {
     const __nv_bfloat16* row = a.gu + r * 2 * a.inter;
     const float* b =
@@ -185,7 +186,7 @@ void launch_prefill_permute(const PrefillParams& p, const PrefillWorkspace& ws,
                             cudaStream_t stream) {
   const long long pairs = static_cast<long long>(p.tokens) * p.slots;
   const int units = p.hidden / 8;
-  const int segs = (units + kPermuteSegmentUnits - 1) / kPermuteSegmentUnits;
+  const int segs = segments(units, kPermuteSegmentUnits);
   prefill_permute_kernel<<<segment_grid(pairs, segs, 256), 256, 0, stream>>>(
       reinterpret_cast<const uint4*>(p.x), ws.pos_of_pair, reinterpret_cast<uint4*>(ws.xs), pairs,
       units, p.slots);
@@ -206,7 +207,7 @@ void launch_prefill_activation(const PrefillParams& p, const PrefillWorkspace& w
   a.limit = p.limit;
   a.alpha = p.alpha;
   a.beta = p.beta;
-  const int segs = (p.inter + kActSegmentCols - 1) / kActSegmentCols;
+  const int segs = segments(p.inter, kActSegmentCols);
   prefill_activation_kernel<<<segment_grid(a.max_rows, segs, 256), 256, 0, stream>>>(a);
   MK_CUDA_CHECK(cudaGetLastError());
 }

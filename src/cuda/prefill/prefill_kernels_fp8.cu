@@ -27,15 +27,12 @@ using prefill_detail::for_each_row_segment;
 using prefill_detail::load_bf16x8;
 using prefill_detail::load_gate_up_x8;
 using prefill_detail::segment_grid;
+using prefill_detail::segments;
 
 constexpr int kLanesPerGroup = kFp8GroupLanes;
 constexpr int kThreads = 256;
 // 128-value groups of a warp's segment of a row (4 a half-warp)
 constexpr int kSegmentGroups = 8;
-
-__host__ __device__ constexpr int segments(int groups) {
-  return (groups + kSegmentGroups - 1) / kSegmentGroups;
-}
 static_assert(kThreads % 32 == 0 && kLanesPerGroup == 16, "a group is one half of a warp");
 
 struct PermuteFp8Args {
@@ -51,7 +48,8 @@ struct PermuteFp8Args {
 // group (q, b): x[q / slots][128 b, 128 b + 128) -> xq[pos(q)], xq_scale[pos(q)][b]
 __global__ void prefill_permute_fp8_kernel(PermuteFp8Args a) {
   const int blocks = a.hidden / kPrefillFp8Block;
-  for_each_row_segment(a.pairs, segments(blocks), [&](long long q, int seg, int lane) {
+  const int segs = segments(blocks, kSegmentGroups);
+  for_each_row_segment(a.pairs, segs, [&](long long q, int seg, int lane) {
     const int pos = a.pos_of_pair[q];
     if (pos < 0) return;
     const int part = lane % kLanesPerGroup;
@@ -88,7 +86,8 @@ struct ActFp8Args {
 __global__ void prefill_activation_fp8_kernel(ActFp8Args a) {
   const long long rows = min(static_cast<long long>(*a.total_rows), a.max_rows);
   const int blocks = a.inter / kPrefillFp8Block;
-  for_each_row_segment(rows, segments(blocks), [&](long long r, int seg, int lane) {
+  const int segs = segments(blocks, kSegmentGroups);
+  for_each_row_segment(rows, segs, [&](long long r, int seg, int lane) {
     const int part = lane % kLanesPerGroup;
     const __nv_bfloat16* row = a.gu + r * 2 * a.inter;
     const float* bias =
@@ -124,7 +123,7 @@ void launch_prefill_permute_fp8(const PrefillParams& p, const PrefillWorkspace& 
   a.hidden = p.hidden;
   a.slots = p.slots;
   a.ue8m0 = p.ue8m0;
-  const int segs = segments(p.hidden / kPrefillFp8Block);
+  const int segs = segments(p.hidden / kPrefillFp8Block, kSegmentGroups);
   prefill_permute_fp8_kernel<<<segment_grid(a.pairs, segs, kThreads), kThreads, 0, stream>>>(a);
   MK_CUDA_CHECK(cudaGetLastError());
 }
@@ -145,7 +144,7 @@ void launch_prefill_activation_fp8(const PrefillParams& p, const PrefillWorkspac
   a.alpha = p.alpha;
   a.beta = p.beta;
   a.ue8m0 = p.ue8m0;
-  const int segs = segments(p.inter / kPrefillFp8Block);
+  const int segs = segments(p.inter / kPrefillFp8Block, kSegmentGroups);
   prefill_activation_fp8_kernel<<<segment_grid(a.max_rows, segs, kThreads), kThreads, 0, stream>>>(
       a);
   MK_CUDA_CHECK(cudaGetLastError());

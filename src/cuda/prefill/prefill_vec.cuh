@@ -65,6 +65,9 @@ inline int stride_grid(long long n, int threads) {
   return static_cast<int>(std::max<long long>(1, std::min<long long>(need, kStrideGridCap)));
 }
 
+// Segments of `per` columns (or units) a row of n has, the last possibly partial.
+__host__ __device__ constexpr int segments(int n, int per) { return (n + per - 1) / per; }
+
 // The grid of a launch over `rows` rows of `segs` segments, one warp a segment
 // (for_each_row_segment).
 inline int segment_grid(long long rows, int segs, int threads) {
