@@ -34,8 +34,11 @@ inline int slice_begin(int n, int p, int parts) {
   return static_cast<int>(static_cast<int64_t>(n) * p / parts);
 }
 
-// Below this size a phase runs on the calling thread: waking a worker costs more than it saves.
-constexpr double kSerialRouterMacs = 4e6;
+// Below this size the router runs on the calling thread: waking a worker costs more than it
+// saves. One core reads the router's rows at a few G weights a second (its loads' latency bounds
+// it): ~0.3 ms at this size, DeepSeek-V3's router at one token (1.8 M MACs) ~0.5 ms, against a
+// pool round trip of microseconds on idle cores and up to ~0.1 ms on a busy machine.
+constexpr double kSerialRouterMacs = 1e6;
 
 }  // namespace
 
@@ -65,8 +68,8 @@ std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int token
   if (tokens > 0) {
     const bool w_f32 = rdt == DType::F32;
     const size_t row_bytes = static_cast<size_t>(H) * (w_f32 ? 4 : 2);
-    // why: at decode the router is ~0.1% of the layer's bytes; a parallel phase costs a thread
-    // wake-up (tens of us, and milliseconds when the OS is slow to schedule the worker)
+    // why: a parallel phase costs a thread wake-up (microseconds, and milliseconds when the OS is
+    // slow to schedule the worker), which only the smallest routers do not repay
     const bool small = static_cast<double>(tokens) * C * H <= kSerialRouterMacs;
     parallel(small ? 1 : std::min(threads, C), [&](int p, int parts) {
       const int c0 = slice_begin(C, p, parts), c1 = slice_begin(C, p + 1, parts);
