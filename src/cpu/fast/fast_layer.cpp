@@ -35,9 +35,8 @@ inline int slice_begin(int n, int p, int parts) {
 }
 
 // Below this size the router runs on the calling thread: waking a worker costs more than it
-// saves. One core reads the router's rows at a few G weights a second (its loads' latency bounds
-// it): ~0.3 ms at this size, DeepSeek-V3's router at one token (1.8 M MACs) ~0.5 ms, against a
-// pool round trip of microseconds on idle cores and up to ~0.1 ms on a busy machine.
+// saves. Above it, one core would take longer than a wake-up costs even on a busy machine (one
+// core reads a router at a few G weights a second: docs/decisions/fp8_experts.md).
 constexpr double kSerialRouterMacs = 1e6;
 
 }  // namespace

@@ -241,13 +241,19 @@ inline __m512 load_router16(const void* w, bool f32, int c, __mmask16 m) {
 }
 
 // One router row against J tokens: the 16 weights of a step are widened to double once and used
-// for every token (the router is read once per call however many tokens there are).
+// for every token (the router is read once per call however many tokens there are). The rows
+// are prefetched kPrefetchBytes ahead, one cache line a step or two. why: a step's widening and
+// its two double chains leave few loads in flight, so without it the stream waits on each load's
+// latency (docs/decisions/fp8_experts.md).
 template <int J>
 void router_row(const void* w, bool f32, int k, const double* const* x, double* out, size_t ldo) {
   __m512d a0[J], a1[J];
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_pd();
   const int k_main = k & ~15;
+  const char* bytes = static_cast<const char*>(w);
+  const int elem = f32 ? 4 : 2;
   for (int c = 0; c < k_main; c += 16) {
+    if (f32 || (c & 31) == 0) _mm_prefetch(bytes + c * elem + kPrefetchBytes, _MM_HINT_T1);
     const __m512 wf = load_router16(w, f32, c, 0xffff);
     const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wf));
     const __m512d w1 =
