@@ -87,13 +87,26 @@ void mx_decode_row(ExpertFormat f, const uint8_t* q, const uint8_t* scale, size_
 
 namespace {
 
-// Nearest e2m1 code to x, ties to the even code (the even mantissa): round to nearest even.
+// Nearest e2m1 code to x, ties to the even code (the even mantissa): round to nearest even. The
+// midpoints of the values {0, 0.5, 1, 1.5, 2, 3, 4, 6} decide, each tie going to the neighbour of
+// even code; a NaN gives code 0, beyond 6 saturates to 7.
 uint8_t e2m1_encode(float x) {
-  const float a = std::min(std::fabs(x), 6.0f);
-  uint8_t best = 0;
-  for (uint8_t c = 1; c < 8; ++c) {
-    const float d = std::fabs(a - kE2m1[c]), db = std::fabs(a - kE2m1[best]);
-    if (d < db || (d == db && (c & 1) == 0)) best = c;
+  const float a = std::fabs(x);
+  uint8_t best = 7;
+  if (std::isnan(x) || a <= 0.25f) {
+    best = 0;
+  } else if (a < 0.75f) {
+    best = 1;
+  } else if (a <= 1.25f) {
+    best = 2;
+  } else if (a < 1.75f) {
+    best = 3;
+  } else if (a <= 2.5f) {
+    best = 4;
+  } else if (a < 3.5f) {
+    best = 5;
+  } else if (a <= 5.0f) {
+    best = 6;
   }
   return static_cast<uint8_t>(best | (std::signbit(x) && best != 0 ? 8 : 0));
 }
@@ -114,8 +127,10 @@ void mx_quantize_row(ExpertFormat f, const Bf16* row, size_t cols, uint8_t* q, u
       e = std::clamp(e - 1 - emax, -127, 127);
     }
     scale[g] = static_cast<uint8_t>(e + 127);
+    // (2^-e is a float for e in [-127, 127], so the product rounds as ldexp would)
+    const float inv = std::ldexp(1.0f, -e);
     for (size_t c = g * kMxGroup; c < (g + 1) * kMxGroup; ++c) {
-      const float v = std::ldexp(bf16_to_float(row[c]), -e);
+      const float v = bf16_to_float(row[c]) * inv;
       if (fp4) {
         q[c / 2] |= static_cast<uint8_t>(e2m1_encode(v) << (4 * (c % 2)));
       } else {

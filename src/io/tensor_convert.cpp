@@ -28,19 +28,24 @@ constexpr float kFp4Values[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0
 
 }  // namespace
 
-// The positive codes 0..126 are increasing in value, so a binary search finds the two neighbours.
+// Round to nearest even on the bits: below 2^-6 the codes 0..8 are the multiples of 2^-9 (8 is
+// the smallest normal), above it code = (exponent + 7) << 3 | the top 3 mantissa bits, rounded on
+// the other 20 (a carry runs into the exponent, the codes being consecutive).
 uint8_t fp8_e4m3_encode(float f) {
-  if (std::isnan(f)) return 0x7f;
-  const auto& lut = fp8_table();
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
-  const float a = std::fabs(f);
-  if (a >= lut[126]) return sign | 126;
-  // First code whose value exceeds a (1..126), then compare with its predecessor.
-  const float* begin = lut.data();
-  const size_t hi = std::upper_bound(begin, begin + 127, a) - begin;
-  const size_t lo = hi - 1;
-  const float dlo = a - lut[lo], dhi = lut[hi] - a;
-  const size_t code = dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi);
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  const uint32_t mag = bits & 0x7fffffffu;
+  if (mag > 0x7f800000u) return 0x7f;          // NaN
+  if (mag >= 0x43e00000u) return sign | 0x7e;  // >= 448 (and infinity): saturated
+  if (mag < 0x3c800000u) {                     // < 2^-6
+    float a;
+    std::memcpy(&a, &mag, 4);
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  const uint32_t mant = mag & 0x7fffffu, rest = mant & 0xfffffu;
+  uint32_t code = ((((mag >> 23) - 127 + 7) << 3) | (mant >> 20));
+  if (rest > 0x80000u || (rest == 0x80000u && (code & 1) != 0)) ++code;
   return sign | static_cast<uint8_t>(code);
 }
 
