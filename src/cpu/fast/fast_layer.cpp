@@ -34,10 +34,11 @@ inline int slice_begin(int n, int p, int parts) {
   return static_cast<int>(static_cast<int64_t>(n) * p / parts);
 }
 
-// Below this size the router runs on the calling thread: waking a worker costs more than it
-// saves. Above it, one core would take longer than a wake-up costs even on a busy machine (one
-// core reads a router at a few G weights a second: docs/decisions/fp8_experts.md).
-constexpr double kSerialRouterMacs = 1e6;
+// The router's MACs that one core does in about the time the pool takes to wake its workers
+// from sleep (tens of microseconds on a virtual machine; one core reads a router at a few G
+// weights a second: docs/decisions/cpu_thread_pool.md). The columns are split over the threads when
+// the split saves more than that: MACs x (1 - 1/threads) above it.
+constexpr double kRouterMacsPerWake = 2e5;
 
 }  // namespace
 
@@ -67,9 +68,10 @@ std::vector<float> router_logits(const LayerWeights& w, const Bf16* x, int token
   if (tokens > 0) {
     const bool w_f32 = rdt == DType::F32;
     const size_t row_bytes = static_cast<size_t>(H) * (w_f32 ? 4 : 2);
-    // why: a parallel phase costs a thread wake-up (microseconds, and milliseconds when the OS is
-    // slow to schedule the worker), which only the smallest routers do not repay
-    const bool small = static_cast<double>(tokens) * C * H <= kSerialRouterMacs;
+    // why: a parallel phase may have to wake the workers, which only the smallest routers, or a
+    // split over too few threads, do not repay
+    const double macs = static_cast<double>(tokens) * C * H;
+    const bool small = threads <= 1 || macs * (1.0 - 1.0 / threads) <= kRouterMacsPerWake;
     parallel(small ? 1 : std::min(threads, C), [&](int p, int parts) {
       const int c0 = slice_begin(C, p, parts), c1 = slice_begin(C, p + 1, parts);
       if (c0 == c1) return;

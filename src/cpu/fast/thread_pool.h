@@ -1,14 +1,17 @@
 // A small persistent thread pool for the fast CPU backend.
 //
-// A forward is a few parallel phases (router, expert lookup, gate/up, down) separated by joins.
-// Spawning threads per phase costs ~50 us each, a visible fraction of a decode layer, so the
-// workers persist and sleep on a condition variable between phases (no busy-waiting: with one
-// core per thread, a spinning worker would steal the core the caller needs). run() hands each
-// participant its index; the caller is participant 0 and works too, so threads = 1 never touches
-// the pool.
+// A forward is a few parallel phases (router, gate/up, down, combine) separated by joins and
+// short serial steps. Spawning threads per phase costs ~50 us each, and waking a sleeping
+// thread costs tens of microseconds on a virtual machine (the vCPU is halted), a visible
+// fraction of a decode layer. So the workers persist, and after a phase each spins on the
+// phase counter for a short while (kSpin, pausing between polls) before it sleeps on it: the
+// next phase of the same forward, microseconds later, finds it awake. The caller is
+// participant 0 and works too, so threads = 1 never touches the pool; it waits for the others
+// the same way, spinning first. Workers spin only while the pool's threads fit the machine's
+// cores, so that a spinning worker never takes a core a working one needs.
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -20,7 +23,7 @@ namespace moekit::cpu_fast::detail {
 
 class ThreadPool {
  public:
-  ThreadPool() = default;
+  ThreadPool();
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -31,19 +34,23 @@ class ThreadPool {
   void run(int participants, const std::function<void(int, int)>& fn);
 
  private:
-  void ensure_workers(int count);  // with mutex_ held
-  void worker_loop(int index);
+  void ensure_workers(int count);              // with run_mutex_ held
+  void worker_loop(int index, uint64_t seen);  // seen: the phase_ it was created in
 
+  const int cores_;       // std::thread::hardware_concurrency(), at least 1
   std::mutex run_mutex_;  // one run() at a time
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
   std::vector<std::thread> workers_;
+  // The current run's function: written before phase_ changes (release), read only by the
+  // run's participants, after they see the change (acquire) and before they count themselves
+  // done, so never while the next run() writes it.
   const std::function<void(int, int)>* task_ = nullptr;
-  int participants_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  // One word per run, so that a worker that sits a run out reads nothing else of it: a counter
+  // bumped by every run() that uses workers (and at stop) in the high 32 bits, bit 31 set when
+  // the run's threads fit the cores (its workers spin), its participant count in the low bits.
+  std::atomic<uint64_t> phase_{0};
+  std::atomic<int> pending_{0};  // participants of the current run still working, but the caller
+  std::atomic<bool> stop_{false};
+  std::mutex error_mutex_;
   std::exception_ptr error_;
 };
 
