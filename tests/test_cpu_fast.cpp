@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -209,6 +210,26 @@ TEST(CpuFast, RealShapesMatchReference) {
       expect_matches(fast, ref, model + " " + ic.name);
     }
   }
+}
+
+// FastOptions::phases: forward() writes each phase's time, all of them inside the call's.
+TEST(CpuFast, PhaseTimesAreWrittenAndFitTheCall) {
+  const MoeSpec spec = shrunk_spec("deepseek-v3", 512, 64, 32);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 5);
+  const int tokens = 7;
+  const std::vector<Bf16> x = random_input(tokens, spec.hidden, 6, 1.0f);
+  cpu_fast::PhaseTimes phases{-1, -1, -1, -1};
+  cpu_fast::FastOptions opt;
+  opt.threads = 2;
+  opt.phases = &phases;
+  const auto t0 = std::chrono::steady_clock::now();
+  cpu_fast::forward(*w, x.data(), tokens, FuseShared::Auto, opt);
+  const double call_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  for (double t : {phases.router, phases.gate_up, phases.down, phases.combine}) EXPECT_GE(t, 0.0);
+  EXPECT_GT(phases.gate_up, 0.0);
+  EXPECT_GT(phases.down, 0.0);
+  EXPECT_LE(phases.router + phases.gate_up + phases.down + phases.combine, call_us);
 }
 
 // Shapes large enough that the router GEMM and the combine run as parallel phases (small ones run

@@ -36,12 +36,21 @@ bool cpu_has_avx512_bf16();
 // the best the CPU supports. Throws when the result is not supported by this CPU.
 Isa resolve_isa(Isa requested);
 
+// Where one forward's wall time went (FastOptions::phases), in microseconds.
+struct PhaseTimes {
+  double router = 0;   // router GEMM and routing (forward() only)
+  double gate_up = 0;  // grouping the pairs by expert, the gate/up GEMM and the activation
+  double down = 0;     // the down GEMM
+  double combine = 0;  // the weighted sum into y
+};
+
 struct FastOptions {
   int threads = 0;      // 0 = every core (std::thread::hardware_concurrency)
   Isa isa = Isa::Auto;  // force a SIMD path (tests); Auto = detect (or $MOEKIT_CPU_ISA)
   // AVX-512 only: compute the first GEMM with vdpbf16ps when the CPU has AVX512-BF16 (products of
   // two bf16 values are exact in fp32, so this only changes the summation order).
   bool use_bf16_dot = true;
+  PhaseTimes* phases = nullptr;  // when set, forward() and experts() write their phases' times
 };
 
 // The whole layer, same arguments and semantics as cpu_reference::forward: fuse Off runs the

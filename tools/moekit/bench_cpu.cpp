@@ -15,6 +15,8 @@
 //   tokens_per_s   T / (us_per_layer * MoE layers): a decode step over every MoE layer
 //   speedup_vs_reference   reference median / fast median, same inputs (the reference is skipped
 //                  where one call would take more than ~10 s, and the field is null)
+//   phase_us       the fast backend's medians per phase (cpu_fast::PhaseTimes): router (and
+//                  routing), gate_up (grouping, gate/up GEMM, activation), down, combine
 //
 // --dtype (bf16 | fp8 | mxfp4 | mxfp8, or config: what the config declares) is how the experts are
 // held: random weights quantised as save_checkpoint writes that form (make_random_weights), or a
@@ -113,21 +115,23 @@ struct Timing {
   double gb_per_s = 0;  // median of per-iteration bytes / time
   double read_bw = 0;   // median of the interleaved probe passes, bytes/s (0 = none)
   int iterations = 0;
-  double experts = 0;  // mean distinct experts (and fused slots) touched per forward
+  double experts = 0;           // mean distinct experts (and fused slots) touched per forward
+  cpu_fast::PhaseTimes phases;  // medians of each phase's time (the fast backend)
 };
 
 // Times fn(input index) over the inputs in rotation. With a probe, rounds alternate one probe
 // pass (same thread count) with forwards for at least as long, so the ceiling and the layer see
 // the same machine load; medians of both. Without a probe (the reference), plain iterations.
 // iterations > 0 fixes the number of timed forwards, else at least kMinIterations and
-// kMinTimedSeconds.
+// kMinTimedSeconds. phases: where fn's forwards write their phases' times (null: none).
 template <typename Fn>
 Timing time_forward(const MoeSpec& spec, const MlpBytes& bytes, int inputs, int iterations,
-                    bool warmup, cpu_fast::ReadProbe* probe, int probe_threads, Fn fn) {
+                    bool warmup, cpu_fast::ReadProbe* probe, int probe_threads,
+                    const cpu_fast::PhaseTimes* phases, Fn fn) {
   if (warmup) {
     for (int i = 0; i < inputs; ++i) fn(i);
   }
-  std::vector<double> us, bw, probe_bw;
+  std::vector<double> us, bw, probe_bw, router, gate_up, down, combine;
   double experts = 0;
   auto done = [&](double elapsed) {
     const int it = static_cast<int>(us.size());
@@ -153,6 +157,12 @@ Timing time_forward(const MoeSpec& spec, const MlpBytes& bytes, int inputs, int 
       const double s = seconds_since(t0);
       us.push_back(s * 1e6);
       bw.push_back(layer_bytes(spec, bytes, r) / s / 1e9);
+      if (phases != nullptr) {
+        router.push_back(phases->router);
+        gate_up.push_back(phases->gate_up);
+        down.push_back(phases->down);
+        combine.push_back(phases->combine);
+      }
       experts +=
           static_cast<double>(std::set<int32_t>(r.routing.ids.begin(), r.routing.ids.end()).size());
     } while (seconds_since(r0) < round_budget && !done(seconds_since(start)));
@@ -160,6 +170,8 @@ Timing time_forward(const MoeSpec& spec, const MlpBytes& bytes, int inputs, int 
   Timing t{median(us), median(bw), 0, static_cast<int>(us.size()),
            experts / static_cast<double>(us.size())};
   if (!probe_bw.empty()) t.read_bw = median(probe_bw);
+  if (phases != nullptr)
+    t.phases = {median(router), median(gate_up), median(down), median(combine)};
   return t;
 }
 
@@ -258,12 +270,13 @@ int run_bench_cpu(const BenchOptions& opt) {
         std::vector<int> thread_counts = {threads};
         if (scaling) thread_counts.push_back(1);
         for (int th : thread_counts) {
+          cpu_fast::PhaseTimes phases;
           cpu_fast::FastOptions fo;
           fo.threads = th;
-          const Timing t =
-              time_forward(spec, bytes, inputs, opt.iterations, true, &probe, th, [&](int i) {
-                return cpu_fast::forward(*weights, xs[i].data(), tokens, fuse, fo);
-              });
+          fo.phases = &phases;
+          const Timing t = time_forward(
+              spec, bytes, inputs, opt.iterations, true, &probe, th, &phases,
+              [&](int i) { return cpu_fast::forward(*weights, xs[i].data(), tokens, fuse, fo); });
           rows.push_back({"fast", th, t, t.read_bw});
         }
       }
@@ -281,10 +294,11 @@ int run_bench_cpu(const BenchOptions& opt) {
         // baseline (a call can take seconds), except when the reference runs alone.
         const int ref_iterations =
             opt.iterations > 0 ? opt.iterations : (macs / kReferenceMacsPerSecond > 1.0 ? 1 : 3);
-        ref = time_forward(spec, bytes, inputs, ref_iterations, !fast, nullptr, 0, [&](int i) {
-          return cpu_reference::forward(*weights, xs[i].data(), tokens, fuse,
-                                        Fp8Compute::WeightOnly);
-        });
+        ref = time_forward(spec, bytes, inputs, ref_iterations, !fast, nullptr, 0, nullptr,
+                           [&](int i) {
+                             return cpu_reference::forward(*weights, xs[i].data(), tokens, fuse,
+                                                           Fp8Compute::WeightOnly);
+                           });
       } else {
         log << "reference skipped at batch " << tokens << " (~"
             << static_cast<int>(macs / kReferenceMacsPerSecond) << " s per call)\n";
@@ -320,6 +334,13 @@ int run_bench_cpu(const BenchOptions& opt) {
                               {"cpu", cpu},
                               {"date", date},
                               {"command", command_line()}};
+        if (row.backend == "fast") {
+          const cpu_fast::PhaseTimes& ph = row.t.phases;
+          rec["phase_us"] = {{"router", ph.router},
+                             {"gate_up", ph.gate_up},
+                             {"down", ph.down},
+                             {"combine", ph.combine}};
+        }
         double speedup = 0;
         if (run_ref) {
           speedup = ref.us / row.t.us;

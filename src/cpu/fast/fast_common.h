@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <vector>
@@ -47,6 +48,11 @@ template <typename T>
 T* scratch(std::vector<T>& buffer, size_t n) {
   if (buffer.size() < n) buffer.resize(n);
   return buffer.data();
+}
+
+// Microseconds since `start` (FastOptions::phases).
+inline double microseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace moekit::cpu_fast::detail

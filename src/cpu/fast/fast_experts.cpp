@@ -22,6 +22,7 @@
 // activations elsewhere; the down projection always uses fp32 activations. Each expert format's
 // weights and rows are expert_jobs.h's.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -104,6 +105,7 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   MK_CHECK(
       !add_shared || r.shared_scale.empty() || r.shared_scale.size() == static_cast<size_t>(tokens),
       "expected " << tokens << " shared scales, got " << r.shared_scale.size());
+  const auto start = std::chrono::steady_clock::now();
   const size_t TH = static_cast<size_t>(tokens) * H;
   std::vector<float> y(TH, 0.0f);
   if (tokens == 0) return y;
@@ -230,6 +232,15 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
     }
   });
 
+  // opt.phases: each phase's time from the end of the one before
+  auto phase_start = start;
+  auto phase_end = [&](double PhaseTimes::*phase) {
+    if (opt.phases == nullptr) return;
+    opt.phases->*phase = detail::microseconds_since(phase_start);
+    phase_start = std::chrono::steady_clock::now();
+  };
+  phase_end(&PhaseTimes::gate_up);
+
   for (Job& job : jobs) {
     if (job.expert >= 0) detail::attach_weights(w, job);  // materialised by now: a lookup
   }
@@ -245,6 +256,7 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
     detail::project_down(kern, job, H, unit.begin, unit.end, act_ptr.data() + job.first,
                          down + job.first * H);
   });
+  phase_end(&PhaseTimes::down);
 
   // ---- weighted combine, in column blocks of y: every y element sums the jobs in job order,
   // so the result does not depend on which thread ran which unit
@@ -268,6 +280,7 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
       }
     }
   });
+  phase_end(&PhaseTimes::combine);
   return y;
 }
 

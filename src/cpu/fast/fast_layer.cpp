@@ -12,6 +12,7 @@
 // expert format's weights and rows are expert_jobs.h's, and the SIMD path and thread count come
 // from isa_select.cpp.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -103,8 +104,10 @@ ForwardResult forward(const LayerWeights& w, const Bf16* x, int tokens, FuseShar
   result.tokens = tokens;
   result.hidden = spec.hidden;
   result.fused = fused;
+  const auto start = std::chrono::steady_clock::now();
   const std::vector<float> logits = router_logits(w, x, tokens, opt);
   result.routing = cpu_reference::route(cfg, logits.data(), tokens, w.correction_bias());
+  if (opt.phases != nullptr) opt.phases->router = detail::microseconds_since(start);
   const bool add_shared = !fused && spec.shared_kind != SharedKind::None;
   result.y = experts(w, x, tokens, result.routing, add_shared, opt);
   return result;
