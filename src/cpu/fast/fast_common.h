@@ -52,7 +52,8 @@ T* scratch(std::vector<T>& buffer, size_t n) {
 
 // Microseconds since `start` (FastOptions::phases).
 inline double microseconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 }  // namespace moekit::cpu_fast::detail

@@ -37,8 +37,8 @@ inline int slice_begin(int n, int p, int parts) {
 
 // The router's MACs that one core does in about the time the pool takes to wake its workers
 // from sleep (tens of microseconds on a virtual machine; one core reads a router at a few G
-// weights a second: docs/decisions/cpu_thread_pool.md). The columns are split over the threads when
-// the split saves more than that: MACs x (1 - 1/threads) above it.
+// weights a second: docs/decisions/cpu_thread_pool.md). The columns are split over the threads
+// when the split saves more than that: MACs x (1 - 1/threads) above it.
 constexpr double kRouterMacsPerWake = 2e5;
 
 }  // namespace
