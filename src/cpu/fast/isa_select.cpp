@@ -5,6 +5,7 @@
 #include <string>
 #include <thread>
 
+#include "cpu/fast/kernels.h"
 #include "moekit/cpu_fast.h"
 #include "moekit/error.h"
 
@@ -60,6 +61,16 @@ bool cpu_has_avx512_bf16() {
   return false;
 #endif
 }
+
+namespace detail {
+bool cpu_has_avx512_vbmi() {
+#if defined(__x86_64__) || defined(__i386__)
+  return isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512vbmi");
+#else
+  return false;
+#endif
+}
+}  // namespace detail
 
 Isa resolve_isa(Isa requested) {
   Isa isa = requested;

@@ -135,6 +135,13 @@ void dot_rows_mxfp4_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* sca
 void dot_rows_mxfp8_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                 int rows, int k, const Bf16* const* x, int n, float* out,
                                 size_t ldo);
+// dot_rows_mxfp4_bf16_avx512 with VBMI-made indices (mx_dot_avx512vbmi.cpp): the AVX-512 table's
+// MXFP4 bf16 rows where cpu_has_avx512_vbmi().
+void dot_rows_mxfp4_bf16_avx512vbmi(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                                    int rows, int k, const Bf16* const* x, int n, float* out,
+                                    size_t ldo);
+// Whether this CPU has AVX512-VBMI (vpermb) beside the AVX-512 table's features.
+bool cpu_has_avx512_vbmi();
 // 2^(s - 127) for every e8m0 byte s (255, NaN, never reaches a kernel: the loader rejects it).
 const float* mx_scale_table();
 // The 16 e2m1 values times 2^(s - 127) for every e8m0 byte s < 255, as fp32 and as bf16 (the

@@ -321,7 +321,9 @@ const Kernels& avx512_kernels() {
                          .dequant_mxfp8_row = dequant_mxfp8_row_avx512,
                          .dot_rows_mxfp4_f32 = dot_rows_mxfp4_f32_avx512,
                          .dot_rows_mxfp8_f32 = dot_rows_mxfp8_f32_avx512,
-                         .dot_rows_mxfp4_bf16 = dot_rows_mxfp4_bf16_avx512,
+                         .dot_rows_mxfp4_bf16 = cpu_has_avx512_vbmi()
+                                                    ? dot_rows_mxfp4_bf16_avx512vbmi
+                                                    : dot_rows_mxfp4_bf16_avx512,
                          .dot_rows_mxfp8_bf16 = dot_rows_mxfp8_bf16_avx512,
                          .mx_row_tokens = 2,
                          .read_sum = read_sum};

@@ -21,12 +21,10 @@
 #include <immintrin.h>
 
 #include "cpu/fast/kernels.h"
+#include "cpu/fast/mx_row_loop_avx512.h"
 
 namespace moekit::cpu_fast::detail {
 namespace {
-
-// L2 prefetch this far ahead in the weight stream at 2 tokens (as kernels_avx512.cpp does).
-constexpr int kPrefetchBytes = 4096;
 
 // 8 bytes of e2m1 pairs -> vpermps indices of their 16 codes in column order: u64 lane i = byte
 // i | byte i << 28, so u32 lane 2i holds the low nibble and lane 2i + 1 the high one in bits 0-3
@@ -143,55 +141,26 @@ inline __m512bh e4m3_bf16x32(const uint8_t* q, uint8_t s, __m512i subnormals) {
                                          _mm512_or_si512(_mm512_permutexvar_epi16(b, sub), sign));
 }
 
-// 32 weights of the block at column c as bf16, for either format.
-template <bool kFp4>
-inline __m512bh bf16x32(const uint8_t* q, const uint8_t* s, int c, const float* st,
-                        const E2m1RowBf16* tables) {
-  if constexpr (kFp4) {
-    return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]);
-  } else {
+// The bf16 row loop's weight makers (mx_row_loop_avx512.h): 32 weights of the block at column c.
+struct Mxfp4Weights {
+  static constexpr bool kFp4 = true;
+  const uint8_t* q;
+  const uint8_t* s;
+  const E2m1RowBf16* tables = mx_e2m1_bf16_table();
+  __m512bh operator()(int c) const { return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]); }
+};
+
+struct Mxfp8Weights {
+  static constexpr bool kFp4 = false;
+  const uint8_t* q;
+  const uint8_t* s;
+  const float* st = mx_scale_table();
+  __m512bh operator()(int c) const {
     const uint8_t sb = s[c >> 5];
     if (sb >= 10 && sb <= 246) return e4m3_bf16x32(q + c, sb, e4m3_subnormal_bits());
     return pack_bf16(e4m3x16(q + c, sb, st), e4m3x16(q + c + 16, sb, st));
   }
-}
-
-template <bool kFp4, int J>
-void row_mx_bf16(const uint8_t* q, const uint8_t* s, int k, const Bf16* const* x, float* out,
-                 size_t ldo) {
-  const float* st = mx_scale_table();
-  const E2m1RowBf16* tables = mx_e2m1_bf16_table();
-  __m512 a0[J], a1[J];
-  for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
-  const int k_main = k & ~63;
-  for (int c = 0; c < k_main; c += 64) {
-    if (!kFp4 || (c & 127) == 0)
-      _mm_prefetch(reinterpret_cast<const char*>(q + (kFp4 ? c / 2 : c)) + kPrefetchBytes, _MM_HINT_T1);
-    const __m512bh w0 = bf16x32<kFp4>(q, s, c, st, tables);
-    const __m512bh w1 = bf16x32<kFp4>(q, s, c + 32, st, tables);
-    for (int j = 0; j < J; ++j) {
-      a0[j] = _mm512_dpbf16_ps(a0[j], w0, (__m512bh)_mm512_loadu_si512(x[j] + c));
-      a1[j] = _mm512_dpbf16_ps(a1[j], w1, (__m512bh)_mm512_loadu_si512(x[j] + c + 32));
-    }
-  }
-  if (k_main < k) {  // one whole block left, into a0 (dot_row_bf16's tail step)
-    const __m512bh wv = bf16x32<kFp4>(q, s, k_main, st, tables);
-    for (int j = 0; j < J; ++j)
-      a0[j] = _mm512_dpbf16_ps(a0[j], wv, (__m512bh)_mm512_loadu_si512(x[j] + k_main));
-  }
-  for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
-}
-
-template <typename X, typename Row>
-void each_row(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds, int rows,
-              const X* const* x, int n, float* out, size_t ldo, Row row) {
-  for (int r = 0; r < rows; ++r) {
-    with_static_count<2>(n, [&](auto count) {
-      row(count, q + static_cast<size_t>(r) * ldq, scale + static_cast<size_t>(r) * lds, x,
-          out + r, ldo);
-    });
-  }
-}
+};
 
 }  // namespace
 
@@ -214,17 +183,13 @@ void dot_rows_mxfp8_f32_avx512(const uint8_t* q, size_t ldq, const uint8_t* scal
 void dot_rows_mxfp4_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                 int rows, int k, const Bf16* const* x, int n, float* out,
                                 size_t ldo) {
-  each_row(q, ldq, scale, lds, rows, x, n, out, ldo, [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
-    row_mx_bf16<true, decltype(count)::value>(qr, sr, k, xs, o, l);
-  });
+  mx_rows_bf16<Mxfp4Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 void dot_rows_mxfp8_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                 int rows, int k, const Bf16* const* x, int n, float* out,
                                 size_t ldo) {
-  each_row(q, ldq, scale, lds, rows, x, n, out, ldo, [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
-    row_mx_bf16<false, decltype(count)::value>(qr, sr, k, xs, o, l);
-  });
+  mx_rows_bf16<Mxfp8Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 }  // namespace moekit::cpu_fast::detail
