@@ -264,6 +264,30 @@ TEST(CpuFast, LargerShapesUseParallelRouterAndCombine) {
   }
 }
 
+// Experts wide enough that both GEMMs run big units before small ones (gate/up: 1024-row big
+// units over 4096 of 6144 rows; down: 85-row big units over 170 of 256 rows), against the
+// reference and bit for bit across thread counts.
+TEST(CpuFast, WideExpertsRunBigUnitsThenSmallOnes) {
+  const MoeSpec spec = shrunk_spec("mixtral-8x7b", 256, 6144, 8);
+  const auto w = make_random_weights(spec, spec.moe_layers.front(), 17);
+  const int tokens = 5;
+  const std::vector<Bf16> x = random_input(tokens, spec.hidden, 19, 1.0f);
+  const ForwardResult ref = cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto);
+  std::vector<float> first_y;
+  for (int threads : {1, 2, 3}) {
+    cpu_fast::FastOptions opt;
+    opt.threads = threads;
+    const std::string what = "threads " + std::to_string(threads);
+    const ForwardResult fast = cpu_fast::forward(*w, x.data(), tokens, FuseShared::Auto, opt);
+    expect_matches(fast, ref, what);
+    if (first_y.empty()) {
+      first_y = fast.y;
+    } else {
+      EXPECT_TRUE(fast.y == first_y) << what << ": y depends on the thread count";
+    }
+  }
+}
+
 // Weights whose expert `bad` fails to load (as a truncated checkpoint would): the error raised on a
 // pool worker must reach the caller, and the pool must stay usable afterwards.
 class FailingExpertWeights final : public LayerWeights {

@@ -3,16 +3,17 @@
 //   2. group      the T*(k+S) (token, slot) pairs become one job per touched expert (ascending id)
 //                 holding its tokens and weights; the unfused shared MLP is one more job (width
 //                 Is, every token, weight = shared_scale).
-//   3. gate/up    units of ~256 KB of weights (a block of intermediate columns of one job: its
-//                 gate and up rows) are taken by the threads dynamically; each unit streams its
-//                 rows once for all of the job's tokens, then applies the activation (SiLU·mul,
-//                 clamps, swigluoai, biases) to its columns while they are in cache. Experts used
-//                 for the first time are materialised here, by the units that need them.
-//   4. down       units of ~256 KB of one job's W2 rows: down[pair, rows] = W2 a.
+//   3. gate/up    units of 1 MB, then 256 KB, of bf16-equivalent weights (a block of intermediate
+//                 columns of one job: its gate and up rows; make_units) are taken by the threads
+//                 dynamically; each unit streams its rows once for all of the job's tokens,
+//                 then applies the activation (SiLU·mul, clamps, swigluoai, biases) to its
+//                 columns while they are in cache. Experts used for the first time are
+//                 materialised here, by the units that need them.
+//   4. down       units of one job's W2 rows, sized as gate/up's: down[pair, rows] = W2 a.
 //   5. combine    y[t] += w * (down + b2), blocks of y columns per thread, jobs in a fixed order
 //                 (no atomics; the combine reads ~T*(k+S)*H*4 bytes, << the weights).
 //
-// Why small units of every expert rather than whole experts per thread: all threads stream
+// Why units of every expert rather than whole experts per thread: all threads stream
 // whatever the routing (balanced at T=1 with 8 experts on 3 cores as well as at T=128), and a
 // thread that the OS deschedules does not hold up a phase. Each output element is computed by one
 // kernel call whose summation order depends only on k, and units depend only on the shapes, so
@@ -70,22 +71,30 @@ struct Unit {
   int begin, end;
 };
 
-// Cuts every job's `extent(job)` rows into units of about kUnitBytes of weights. why: units are
-// taken dynamically by whichever thread is free (the dev machine is shared, and a thread that
-// is descheduled must not hold up the phase), and a unit is long enough to be one sequential
-// stream. Unit boundaries depend only on the shapes, never on the thread count.
+// Cuts every job's `extent(job)` rows into units, taken dynamically by whichever thread is free
+// (the machine may be shared, and a thread that is descheduled must not hold up the phase): the
+// first 3/4 of a job's rows (whole big units) in units of kBigUnitBytes of bf16-equivalent
+// weights, every job's big units first, then the rest in units of kUnitBytes, so a phase ends on
+// small units and the threads finish together. why big units: each unit costs time beyond its
+// bytes once threads stream side by side (docs/decisions/cpu_thread_pool.md). Unit boundaries
+// depend only on the shapes, never on the thread count.
 constexpr size_t kUnitBytes = size_t{256} << 10;
+constexpr size_t kBigUnitBytes = size_t{1} << 20;
 
 template <typename Extent, typename RowBytes>
 std::vector<Unit> make_units(const std::vector<Job>& jobs, Extent extent, RowBytes row_bytes) {
-  std::vector<Unit> units;
+  std::vector<Unit> units, small;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const int n = extent(jobs[j]);
-    const int step = static_cast<int>(std::max<size_t>(1, kUnitBytes / row_bytes(jobs[j])));
-    for (int b = 0; b < n; b += step) {
-      units.push_back({static_cast<int>(j), b, std::min(n, b + step)});
-    }
+    const size_t bytes = row_bytes(jobs[j]);
+    const int big = static_cast<int>(std::max<size_t>(1, kBigUnitBytes / bytes));
+    const int step = static_cast<int>(std::max<size_t>(1, kUnitBytes / bytes));
+    const int split = n * 3 / 4 / big * big;
+    for (int b = 0; b < split; b += big) units.push_back({static_cast<int>(j), b, b + big});
+    for (int b = split; b < n; b += step)
+      small.push_back({static_cast<int>(j), b, std::min(n, b + step)});
   }
+  units.insert(units.end(), small.begin(), small.end());
   return units;
 }
 
