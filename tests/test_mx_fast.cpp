@@ -167,14 +167,17 @@ TEST(MxFastDequant, FusedRowKernelsEqualDequantiseThenDot) {
   }
 }
 
-// The VBMI MXFP4 rows equal the vpermw ones bit for bit (the same weights summed in the same
-// order) on every byte of codes against scales across the range, 1 and 2 tokens, gpt-oss's 2880
-// columns and k with and without a 64-column tail; the AVX-512 table holds them on a VBMI CPU.
-TEST(MxFastDequant, VbmiMxfp4RowsEqualTheVpermwRows) {
-  if (!cpu_fast::cpu_has_avx512_bf16() || !cpu_fast::detail::cpu_has_avx512_vbmi())
-    GTEST_SKIP() << "needs AVX512-BF16 and AVX512-VBMI";
-  EXPECT_EQ(cpu_fast::detail::avx512_kernels().dot_rows_mxfp4_bf16,
-            &cpu_fast::detail::dot_rows_mxfp4_bf16_avx512vbmi);
+// The VBMI MXFP4 rows (fp32 and bf16 activations) equal the AVX-512 ones bit for bit (the same
+// weights summed in the same order) on every byte of codes against scales across the range, 1
+// and 2 tokens, gpt-oss's 2880 columns and k with and without a 64-column tail; the AVX-512
+// table holds them on a VBMI CPU.
+TEST(MxFastDequant, VbmiMxfp4RowsEqualTheAvx512Rows) {
+  if (!cpu_fast::isa_supported(Isa::Avx512) || !cpu_fast::detail::cpu_has_avx512_vbmi())
+    GTEST_SKIP() << "needs AVX-512 with VBMI";
+  const bool bf16 = cpu_fast::cpu_has_avx512_bf16();
+  const auto& table = cpu_fast::detail::avx512_kernels();
+  EXPECT_EQ(table.dot_rows_mxfp4_f32, &cpu_fast::detail::dot_rows_mxfp4_f32_avx512vbmi);
+  EXPECT_EQ(table.dot_rows_mxfp4_bf16, &cpu_fast::detail::dot_rows_mxfp4_bf16_avx512vbmi);
   const int rows = 5, ld = 2880;
   const size_t ldq = ld / 2, lds = ld / 32;
   std::vector<uint8_t> q(rows * ldq), scale(rows * lds);
@@ -183,23 +186,37 @@ TEST(MxFastDequant, VbmiMxfp4RowsEqualTheVpermwRows) {
   for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<uint8_t>(next() >> 24);
   // scale bytes 0 (2^-127) to 240 (the sums stay finite)
   for (size_t i = 0; i < scale.size(); ++i) scale[i] = static_cast<uint8_t>((next() >> 24) % 241);
+  std::vector<float> x0(ld), x1(ld);
   std::vector<Bf16> b0(ld), b1(ld);
   for (int c = 0; c < ld; ++c) {
-    b0[c] = float_to_bf16(std::sin(0.37f * c));
-    b1[c] = float_to_bf16(std::cos(0.11f * c) - 0.5f);
+    x0[c] = round_to_bf16(std::sin(0.37f * c));
+    x1[c] = round_to_bf16(std::cos(0.11f * c) - 0.5f);
+    b0[c] = float_to_bf16(x0[c]);
+    b1[c] = float_to_bf16(x1[c]);
   }
+  const float* xf[2] = {x0.data(), x1.data()};
   const Bf16* xb[2] = {b0.data(), b1.data()};
   for (int k : {2880, 352, 320, 64, 32}) {
     for (int n = 1; n <= 2; ++n) {
+      const auto check = [&](const char* what, const std::vector<float>& want,
+                             const std::vector<float>& got) {
+        for (int i = 0; i < n * rows; ++i) {
+          ASSERT_TRUE(std::isfinite(want[i])) << what << ", k " << k << ", n " << n << ", " << i;
+          ASSERT_EQ(got[i], want[i]) << what << ", k " << k << ", n " << n << ", element " << i;
+        }
+      };
       std::vector<float> want(2 * rows, -1.0f), got(2 * rows, -2.0f);
+      cpu_fast::detail::dot_rows_mxfp4_f32_avx512(q.data(), ldq, scale.data(), lds, rows, k, xf, n,
+                                                  want.data(), rows);
+      cpu_fast::detail::dot_rows_mxfp4_f32_avx512vbmi(q.data(), ldq, scale.data(), lds, rows, k, xf,
+                                                      n, got.data(), rows);
+      check("fp32", want, got);
+      if (!bf16) continue;
       cpu_fast::detail::dot_rows_mxfp4_bf16_avx512(q.data(), ldq, scale.data(), lds, rows, k, xb, n,
                                                    want.data(), rows);
       cpu_fast::detail::dot_rows_mxfp4_bf16_avx512vbmi(q.data(), ldq, scale.data(), lds, rows, k,
                                                        xb, n, got.data(), rows);
-      for (int i = 0; i < n * rows; ++i) {
-        ASSERT_TRUE(std::isfinite(want[i])) << "k " << k << ", n " << n << ", element " << i;
-        ASSERT_EQ(got[i], want[i]) << "k " << k << ", n " << n << ", element " << i;
-      }
+      check("bf16", want, got);
     }
   }
 }

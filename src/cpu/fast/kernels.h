@@ -135,8 +135,11 @@ void dot_rows_mxfp4_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* sca
 void dot_rows_mxfp8_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                 int rows, int k, const Bf16* const* x, int n, float* out,
                                 size_t ldo);
-// dot_rows_mxfp4_bf16_avx512 with VBMI-made indices (mx_dot_avx512vbmi.cpp): the AVX-512 table's
-// MXFP4 bf16 rows where cpu_has_avx512_vbmi().
+// dot_rows_mxfp4_f32_avx512 / _bf16_avx512 with VBMI-made indices (mx_dot_avx512vbmi.cpp): the
+// AVX-512 table's MXFP4 rows where cpu_has_avx512_vbmi().
+void dot_rows_mxfp4_f32_avx512vbmi(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                                   int rows, int k, const float* const* x, int n, float* out,
+                                   size_t ldo);
 void dot_rows_mxfp4_bf16_avx512vbmi(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                     int rows, int k, const Bf16* const* x, int n, float* out,
                                     size_t ldo);

@@ -319,7 +319,8 @@ const Kernels& avx512_kernels() {
                          .fp8_row_tokens = 2,
                          .dequant_mxfp4_row = dequant_mxfp4_row_avx512,
                          .dequant_mxfp8_row = dequant_mxfp8_row_avx512,
-                         .dot_rows_mxfp4_f32 = dot_rows_mxfp4_f32_avx512,
+                         .dot_rows_mxfp4_f32 = cpu_has_avx512_vbmi() ? dot_rows_mxfp4_f32_avx512vbmi
+                                                                     : dot_rows_mxfp4_f32_avx512,
                          .dot_rows_mxfp8_f32 = dot_rows_mxfp8_f32_avx512,
                          .dot_rows_mxfp4_bf16 = cpu_has_avx512_vbmi()
                                                     ? dot_rows_mxfp4_bf16_avx512vbmi

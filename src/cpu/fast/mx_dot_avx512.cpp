@@ -73,44 +73,6 @@ inline __m512bh mxfp4_bf16x32(const uint8_t* q, const E2m1RowBf16& row) {
   return (__m512bh)_mm512_permutexvar_epi16(idx, _mm512_zextsi256_si512(t16));
 }
 
-template <int J>
-void row_mxfp4_f32(const uint8_t* q, const uint8_t* s, int k, const float* const* x, float* out,
-                   size_t ldo) {
-  const E2m1Row* tables = mx_e2m1_f32_table();
-  __m512 a0[J], a1[J];
-  for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
-  for (int c = 0; c < k; c += 32) {
-    if ((c & 127) == 0) _mm_prefetch(reinterpret_cast<const char*>(q + c / 2) + kPrefetchBytes, _MM_HINT_T1);
-    const __m512 scaled = _mm512_load_ps(tables[s[c >> 5]].f32);
-    const __m512 w0 = _mm512_permutexvar_ps(nibble_indices16(q + c / 2), scaled);
-    const __m512 w1 = _mm512_permutexvar_ps(nibble_indices16(q + c / 2 + 8), scaled);
-    for (int j = 0; j < J; ++j) {
-      a0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), a0[j]);
-      a1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + c + 16), a1[j]);
-    }
-  }
-  for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
-}
-
-template <int J>
-void row_mxfp8_f32(const uint8_t* q, const uint8_t* s, int k, const float* const* x, float* out,
-                   size_t ldo) {
-  const float* st = mx_scale_table();
-  __m512 a0[J], a1[J];
-  for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
-  for (int c = 0; c < k; c += 32) {
-    if ((c & 63) == 0) _mm_prefetch(reinterpret_cast<const char*>(q + c) + kPrefetchBytes, _MM_HINT_T1);
-    const uint8_t sb = s[c >> 5];
-    const __m512 w0 = e4m3x16(q + c, sb, st);
-    const __m512 w1 = e4m3x16(q + c + 16, sb, st);
-    for (int j = 0; j < J; ++j) {
-      a0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), a0[j]);
-      a1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + c + 16), a1[j]);
-    }
-  }
-  for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
-}
-
 // bf16 bits of m x 2^-9 (the e4m3 subnormals, m = 1..7; lane 0 unused) and the bf16 exponent
 // field's unit.
 inline __m512i e4m3_subnormal_bits() {
@@ -141,13 +103,19 @@ inline __m512bh e4m3_bf16x32(const uint8_t* q, uint8_t s, __m512i subnormals) {
                                          _mm512_or_si512(_mm512_permutexvar_epi16(b, sub), sign));
 }
 
-// The bf16 row loop's weight makers (mx_row_loop_avx512.h): 32 weights of the block at column c.
+// The row loops' weight makers (mx_row_loop_avx512.h): the block at column c.
 struct Mxfp4Weights {
   static constexpr bool kFp4 = true;
   const uint8_t* q;
   const uint8_t* s;
   const E2m1RowBf16* tables = mx_e2m1_bf16_table();
-  __m512bh operator()(int c) const { return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]); }
+  const E2m1Row* tables_f32 = mx_e2m1_f32_table();
+  __m512bh bf16(int c) const { return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]); }
+  void f32(int c, __m512& lo, __m512& hi) const {
+    const __m512 scaled = _mm512_load_ps(tables_f32[s[c >> 5]].f32);
+    lo = _mm512_permutexvar_ps(nibble_indices16(q + c / 2), scaled);
+    hi = _mm512_permutexvar_ps(nibble_indices16(q + c / 2 + 8), scaled);
+  }
 };
 
 struct Mxfp8Weights {
@@ -155,10 +123,14 @@ struct Mxfp8Weights {
   const uint8_t* q;
   const uint8_t* s;
   const float* st = mx_scale_table();
-  __m512bh operator()(int c) const {
+  __m512bh bf16(int c) const {
     const uint8_t sb = s[c >> 5];
     if (sb >= 10 && sb <= 246) return e4m3_bf16x32(q + c, sb, e4m3_subnormal_bits());
     return pack_bf16(e4m3x16(q + c, sb, st), e4m3x16(q + c + 16, sb, st));
+  }
+  void f32(int c, __m512& lo, __m512& hi) const {
+    lo = e4m3x16(q + c, s[c >> 5], st);
+    hi = e4m3x16(q + c + 16, s[c >> 5], st);
   }
 };
 
@@ -167,17 +139,13 @@ struct Mxfp8Weights {
 void dot_rows_mxfp4_f32_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                int rows, int k, const float* const* x, int n, float* out,
                                size_t ldo) {
-  each_row(q, ldq, scale, lds, rows, x, n, out, ldo, [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
-    row_mxfp4_f32<decltype(count)::value>(qr, sr, k, xs, o, l);
-  });
+  mx_rows_f32<Mxfp4Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 void dot_rows_mxfp8_f32_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                int rows, int k, const float* const* x, int n, float* out,
                                size_t ldo) {
-  each_row(q, ldq, scale, lds, rows, x, n, out, ldo, [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
-    row_mxfp8_f32<decltype(count)::value>(qr, sr, k, xs, o, l);
-  });
+  mx_rows_f32<Mxfp8Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 void dot_rows_mxfp4_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,

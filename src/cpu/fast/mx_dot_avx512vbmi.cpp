@@ -1,8 +1,8 @@
-// The AVX-512 MXFP4 bf16 decode rows on CPUs with AVX512-VBMI (kernels.h
-// dot_rows_mxfp4_bf16_avx512vbmi; compiled with the AVX-512 flags and -mavx512vbmi, put in the
-// AVX-512 table only where the CPU has VBMI and AVX512-BF16): mx_dot_avx512.cpp's bf16 rows with
-// the vpermw indices made by one vpermb and one vpsrlvw instead of a widening, a shift and a
-// ternary op, so the same weights are summed in the same order (equal bit for bit).
+// The AVX-512 MXFP4 decode rows on CPUs with AVX512-VBMI (kernels.h dot_rows_mxfp4_*_avx512vbmi;
+// compiled with the AVX-512 flags and -mavx512vbmi, put in the AVX-512 table only where the CPU
+// has VBMI): mx_dot_avx512.cpp's rows with the table indices made by one vpermb and one variable
+// shift (bf16: instead of a widening, a shift and a ternary op; fp32: instead of a widening, a
+// shift and an or), so the same weights are summed in the same order (equal bit for bit).
 #if defined(__x86_64__) || defined(__i386__)
 
 // why: GCC 12's avx512fintrin.h seeds casts with _mm512_undefined_*(), which -Wall reports as
@@ -17,17 +17,35 @@
 namespace moekit::cpu_fast::detail {
 namespace {
 
-// 32 MXFP4 weights of one block as bf16. vpermb puts code byte i in bytes 4i..4i+3, so u16
-// lanes 2i and 2i + 1 both hold byte i twice; vpsrlvw shifts the odd lanes by 4, bringing the
-// high nibble to bits 0-3. vpermw reads an index's low 5 bits: bit 4 is the other nibble's low
-// bit, so the block's 16-entry table sits in both halves of the 32-entry one and that bit picks
-// the same value.
+// The 32 MXFP4 weights of one block.
+// bf16: vpermb puts code byte i in bytes 4i..4i+3, so u16 lanes 2i and 2i + 1 both hold byte i
+// twice; vpsrlvw shifts the odd lanes by 4, bringing the high nibble to bits 0-3. vpermw reads an
+// index's low 5 bits: bit 4 is the other nibble's low bit, so the block's 16-entry table sits in
+// both halves of the 32-entry one and that bit picks the same value.
+// fp32: vpermb puts code byte i in the low byte of u32 lanes 2i and 2i + 1 (bytes 0-7 for the
+// first 16 weights, 8-15 for the second); vpsrlvd shifts the odd lanes by 4; vpermps reads an
+// index's low 4 bits.
 struct Mxfp4WeightsVbmi {
   static constexpr bool kFp4 = true;
   const uint8_t* q;
   const uint8_t* s;
   const E2m1RowBf16* tables = mx_e2m1_bf16_table();
-  __m512bh operator()(int c) const {
+  const E2m1Row* tables_f32 = mx_e2m1_f32_table();
+  void f32(int c, __m512& lo, __m512& hi) const {
+    const __m512 scaled = _mm512_load_ps(tables_f32[s[c >> 5]].f32);
+    const __m512i codes =
+        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c / 2)));
+    // u32 lane l of the result takes code byte `first + l / 2` in its low byte
+    const __m512i first_half = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i second_half =
+        _mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    const __m512i odd_by_4 = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    lo = _mm512_permutexvar_ps(
+        _mm512_srlv_epi32(_mm512_permutexvar_epi8(first_half, codes), odd_by_4), scaled);
+    hi = _mm512_permutexvar_ps(
+        _mm512_srlv_epi32(_mm512_permutexvar_epi8(second_half, codes), odd_by_4), scaled);
+  }
+  __m512bh bf16(int c) const {
     const __m512i table = _mm512_broadcast_i64x4(
         _mm256_load_si256(reinterpret_cast<const __m256i*>(tables[s[c >> 5]].bits)));
     const __m512i codes =
@@ -44,6 +62,12 @@ struct Mxfp4WeightsVbmi {
 };
 
 }  // namespace
+
+void dot_rows_mxfp4_f32_avx512vbmi(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
+                                   int rows, int k, const float* const* x, int n, float* out,
+                                   size_t ldo) {
+  mx_rows_f32<Mxfp4WeightsVbmi>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
+}
 
 void dot_rows_mxfp4_bf16_avx512vbmi(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                     int rows, int k, const Bf16* const* x, int n, float* out,

@@ -1,7 +1,11 @@
-// The AVX-512 MX bf16 row loop, shared by mx_dot_avx512.cpp and mx_dot_avx512vbmi.cpp: one
-// weight row against 1-2 bf16 tokens, summed exactly as kernels_avx512.cpp's dot_row_bf16 sums
-// a bf16 row (64 columns a step through vdpbf16ps, two accumulators, a 32-column tail into the
-// first, their sum), with each step's weights made in registers by the caller's weight maker.
+// The AVX-512 MX row loops, shared by mx_dot_avx512.cpp and mx_dot_avx512vbmi.cpp: one weight
+// row against 1-2 tokens, summed exactly as kernels_avx512.cpp sums a bf16 row (dot_row_f32: 32
+// columns a step, two accumulators, their sum; dot_row_bf16: 64 columns a step through
+// vdpbf16ps, two accumulators, a 32-column tail into the first, their sum), with each step's
+// weights made in registers by the caller's weight maker:
+//   Weights{q, s}       the row's codes and its e8m0 scale bytes; Weights::kFp4: nibble codes
+//   w.bf16(c)           the 32 weights of the block at column c as bf16 (the bf16 loop)
+//   w.f32(c, lo, hi)    the same as two vectors of 16 fp32 (the fp32 loop)
 //
 // Everything here has internal linkage: the two files are compiled with different -m flags, so
 // one linker-merged copy of an inline function could carry VBMI instructions into the path of a
@@ -23,8 +27,29 @@ namespace {
 // L2 prefetch this far ahead in the weight stream at 2 tokens (as kernels_avx512.cpp does).
 constexpr int kPrefetchBytes = 4096;
 
-// Weights: w(c) returns the 32 bf16 weights of the block at column c; Weights::kFp4 says the
-// codes are nibbles (the prefetch stride); w.q is the row's first code byte.
+// The loops prefetch the weight stream to L2 every 128 (MXFP4) or 64 (MXFP8) columns, written
+// out in each loop. why not a helper: GCC 12 at -O2 took a helper whose only effect was the
+// prefetch for a const function and removed its calls.
+
+template <int J, class Weights>
+void row_mx_f32(const Weights& w, int k, const float* const* x, float* out, size_t ldo) {
+  __m512 a0[J], a1[J];
+  for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+  for (int c = 0; c < k; c += 32) {
+    if (Weights::kFp4 ? (c & 127) == 0 : (c & 63) == 0)
+      _mm_prefetch(
+          reinterpret_cast<const char*>(w.q + (Weights::kFp4 ? c / 2 : c)) + kPrefetchBytes,
+          _MM_HINT_T1);
+    __m512 w0, w1;
+    w.f32(c, w0, w1);
+    for (int j = 0; j < J; ++j) {
+      a0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), a0[j]);
+      a1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + c + 16), a1[j]);
+    }
+  }
+  for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+}
+
 template <int J, class Weights>
 void row_mx_bf16(const Weights& w, int k, const Bf16* const* x, float* out, size_t ldo) {
   __m512 a0[J], a1[J];
@@ -35,15 +60,15 @@ void row_mx_bf16(const Weights& w, int k, const Bf16* const* x, float* out, size
       _mm_prefetch(
           reinterpret_cast<const char*>(w.q + (Weights::kFp4 ? c / 2 : c)) + kPrefetchBytes,
           _MM_HINT_T1);
-    const __m512bh w0 = w(c);
-    const __m512bh w1 = w(c + 32);
+    const __m512bh w0 = w.bf16(c);
+    const __m512bh w1 = w.bf16(c + 32);
     for (int j = 0; j < J; ++j) {
       a0[j] = _mm512_dpbf16_ps(a0[j], w0, (__m512bh)_mm512_loadu_si512(x[j] + c));
       a1[j] = _mm512_dpbf16_ps(a1[j], w1, (__m512bh)_mm512_loadu_si512(x[j] + c + 32));
     }
   }
   if (k_main < k) {  // one whole block left, into a0 (dot_row_bf16's tail step)
-    const __m512bh wv = w(k_main);
+    const __m512bh wv = w.bf16(k_main);
     for (int j = 0; j < J; ++j)
       a0[j] = _mm512_dpbf16_ps(a0[j], wv, (__m512bh)_mm512_loadu_si512(x[j] + k_main));
   }
@@ -62,7 +87,16 @@ void each_row(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds, in
   }
 }
 
-// The bf16 rows of kernels.h's MxRowsBf16 with the weight maker Weights{row's codes, its scales}.
+// The rows of kernels.h's MxRowsF32 / MxRowsBf16 with the weight maker Weights.
+template <class Weights>
+void mx_rows_f32(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds, int rows, int k,
+                 const float* const* x, int n, float* out, size_t ldo) {
+  each_row(q, ldq, scale, lds, rows, x, n, out, ldo,
+           [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
+             row_mx_f32<decltype(count)::value>(Weights{qr, sr}, k, xs, o, l);
+           });
+}
+
 template <class Weights>
 void mx_rows_bf16(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds, int rows, int k,
                   const Bf16* const* x, int n, float* out, size_t ldo) {
