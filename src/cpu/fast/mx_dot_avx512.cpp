@@ -1,10 +1,10 @@
 // AVX-512 MX decode rows (kernels.h dot_rows_mx*_f32 / dot_rows_mx*_bf16; compiled with the
 // AVX-512 flags, called only from the AVX-512 table, the bf16 ones only on AVX512-BF16 CPUs): one
-// weight row against 1-2 tokens with each weight made in registers, summed exactly as
-// kernels_avx512.cpp's dot_row_f32 (32 columns a step, two accumulators, their sum) and
-// dot_row_bf16 (64 columns a step through vdpbf16ps, two accumulators, a 32-column tail into the
-// first) sum the dequantised row, so they equal dequant_mx*_row + dot_rows_* bit for bit without
-// the bf16 row in memory. K is a multiple of 32, so every step is one or two whole MX blocks.
+// weight row against 1-2 tokens with each weight made in registers, through the row loops of
+// mx_row_loop_avx512.h, which sum as kernels_avx512.cpp's dot_row_f32 and dot_row_bf16 sum the
+// dequantised row, so they equal dequant_mx*_row + dot_rows_* bit for bit without the bf16 row in
+// memory. K is a multiple of 32, so every step is one or two whole MX blocks. This file holds the
+// weight makers; mx_dot_avx512vbmi.cpp holds the MXFP4 ones for CPUs with VBMI.
 //
 // Weights: MXFP4 codes index the 16 e2m1 values already multiplied by the block's 2^(s-127)
 // (mx_e2m1_f32_table / mx_e2m1_bf16_table; vpermps on fp32, vpermw on bf16); those products are
