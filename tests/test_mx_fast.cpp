@@ -97,6 +97,20 @@ TEST(MxFastDequant, Mxfp8EveryCodeEveryIsaMatchesTheReference) {
   check_rows(ExpertFormat::Mxfp8, q, k, {0, 1, 5, 9, 10, 60, 119, 126, 127, 128, 200, 246});
 }
 
+// Two tokens of `ld` bf16 values, as fp32 (f0, f1) and as bf16 (b0, b1).
+struct TwoTokens {
+  std::vector<float> f0, f1;
+  std::vector<Bf16> b0, b1;
+  explicit TwoTokens(int ld) : f0(ld), f1(ld), b0(ld), b1(ld) {
+    for (int c = 0; c < ld; ++c) {
+      f0[c] = round_to_bf16(std::sin(0.37f * c));
+      f1[c] = round_to_bf16(std::cos(0.11f * c) - 0.5f);
+      b0[c] = float_to_bf16(f0[c]);
+      b1[c] = float_to_bf16(f1[c]);
+    }
+  }
+};
+
 // The fused decode kernels equal dequant_mx*_row + dot_rows_f32 / dot_rows_bf16 (the same
 // products summed in the same order; the fp8 test's fma-contraction slack is not needed: every
 // product here is an explicit fma or vdpbf16ps) on blocks that take the exact path and the
@@ -127,16 +141,9 @@ TEST(MxFastDequant, FusedRowKernelsEqualDequantiseThenDot) {
         }
       }
     }
-    std::vector<float> x0(ld), x1(ld);
-    std::vector<Bf16> b0(ld), b1(ld);
-    for (int c = 0; c < ld; ++c) {
-      x0[c] = round_to_bf16(std::sin(0.37f * c));
-      x1[c] = round_to_bf16(std::cos(0.11f * c) - 0.5f);
-      b0[c] = float_to_bf16(x0[c]);
-      b1[c] = float_to_bf16(x1[c]);
-    }
-    const float* xs[2] = {x0.data(), x1.data()};
-    const Bf16* xb[2] = {b0.data(), b1.data()};
+    const TwoTokens t(ld);
+    const float* xs[2] = {t.f0.data(), t.f1.data()};
+    const Bf16* xb[2] = {t.b0.data(), t.b1.data()};
     for (Isa isa : isas()) {
       const auto& kern = kernels(isa);
       const auto f32 = fp4 ? kern.dot_rows_mxfp4_f32 : kern.dot_rows_mxfp8_f32;
@@ -186,16 +193,9 @@ TEST(MxFastDequant, VbmiMxfp4RowsEqualTheAvx512Rows) {
   for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<uint8_t>(next() >> 24);
   // scale bytes 0 (2^-127) to 240 (the sums stay finite)
   for (size_t i = 0; i < scale.size(); ++i) scale[i] = static_cast<uint8_t>((next() >> 24) % 241);
-  std::vector<float> x0(ld), x1(ld);
-  std::vector<Bf16> b0(ld), b1(ld);
-  for (int c = 0; c < ld; ++c) {
-    x0[c] = round_to_bf16(std::sin(0.37f * c));
-    x1[c] = round_to_bf16(std::cos(0.11f * c) - 0.5f);
-    b0[c] = float_to_bf16(x0[c]);
-    b1[c] = float_to_bf16(x1[c]);
-  }
-  const float* xf[2] = {x0.data(), x1.data()};
-  const Bf16* xb[2] = {b0.data(), b1.data()};
+  const TwoTokens t(ld);
+  const float* xf[2] = {t.f0.data(), t.f1.data()};
+  const Bf16* xb[2] = {t.b0.data(), t.b1.data()};
   for (int k : {2880, 352, 320, 64, 32}) {
     for (int n = 1; n <= 2; ++n) {
       const auto check = [&](const char* what, const std::vector<float>& want,

@@ -28,8 +28,8 @@ namespace {
 constexpr int kPrefetchBytes = 4096;
 
 // The loops prefetch the weight stream to L2 every 128 (MXFP4) or 64 (MXFP8) columns, written
-// out in each loop. why not a helper: GCC 12 at -O2 took a helper whose only effect was the
-// prefetch for a const function and removed its calls.
+// out in each loop. why not a helper: with the prefetch in a helper function, GCC 12 at -O2
+// emitted no prefetch instruction at all (seen in the object code).
 
 template <int J, class Weights>
 void row_mx_f32(const Weights& w, int k, const float* const* x, float* out, size_t ldo) {
