@@ -2,6 +2,8 @@
 // environment variables, alternated forward by forward in one process over the same materialised
 // experts (64 rotating inputs): per configuration the median µs per forward and per phase.
 // argv: forwards per configuration, then configurations as NAME=VALUE[,NAME=VALUE...] or "base".
+// UA_THREADS: threads (default all); UA_INPUTS: rotating inputs (default 64, every expert
+// materialised first; fewer: the warm-up forwards materialise what they touch).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -54,8 +56,9 @@ int main(int argc, char** argv) {
   auto w = make_random_weights(spec, layer, 7, fmt);
   std::vector<int> all(spec.num_experts + spec.shared_slots());
   for (size_t e = 0; e < all.size(); ++e) all[e] = static_cast<int>(e);
-  w->prefetch(all);
-  std::vector<std::vector<Bf16>> xs(64, std::vector<Bf16>(spec.hidden));
+  const int inputs = std::getenv("UA_INPUTS") ? std::atoi(std::getenv("UA_INPUTS")) : 64;
+  if (inputs >= 64) w->prefetch(all);  // else the warm-up forwards materialise what they touch
+  std::vector<std::vector<Bf16>> xs(inputs, std::vector<Bf16>(spec.hidden));
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (auto& x : xs)
@@ -63,7 +66,8 @@ int main(int argc, char** argv) {
   std::vector<std::vector<double>> t(cfgs.size()), ph[4];
   for (auto& p : ph) p.resize(cfgs.size());
   int xi = 0;
-  for (int rep = -2; rep < per; ++rep) {
+  const int warm = inputs >= 64 ? 2 : (inputs + static_cast<int>(cfgs.size()) - 1) / static_cast<int>(cfgs.size()) + 1;
+  for (int rep = -warm; rep < per; ++rep) {
     for (size_t c = 0; c < cfgs.size(); ++c) {
       apply_config(cfgs[c], cfgs);
       cpu_fast::PhaseTimes pt;
