@@ -106,12 +106,12 @@ inline __m512bh e4m3_bf16x32(const uint8_t* q, uint8_t s, __m512i subnormals) {
 // The row loops' weight makers (mx_row_loop_avx512.h): the block at column c.
 struct Mxfp4Weights {
   static constexpr bool kFp4 = true;
-  const uint8_t* q;
-  const uint8_t* s;
   const E2m1RowBf16* tables = mx_e2m1_bf16_table();
   const E2m1Row* tables_f32 = mx_e2m1_f32_table();
-  __m512bh bf16(int c) const { return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]); }
-  void f32(int c, __m512& lo, __m512& hi) const {
+  __m512bh bf16(const uint8_t* q, const uint8_t* s, int c) const {
+    return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]);
+  }
+  void f32(const uint8_t* q, const uint8_t* s, int c, __m512& lo, __m512& hi) const {
     const __m512 scaled = _mm512_load_ps(tables_f32[s[c >> 5]].f32);
     lo = _mm512_permutexvar_ps(nibble_indices16(q + c / 2), scaled);
     hi = _mm512_permutexvar_ps(nibble_indices16(q + c / 2 + 8), scaled);
@@ -120,15 +120,13 @@ struct Mxfp4Weights {
 
 struct Mxfp8Weights {
   static constexpr bool kFp4 = false;
-  const uint8_t* q;
-  const uint8_t* s;
   const float* st = mx_scale_table();
-  __m512bh bf16(int c) const {
+  __m512bh bf16(const uint8_t* q, const uint8_t* s, int c) const {
     const uint8_t sb = s[c >> 5];
     if (sb >= 10 && sb <= 246) return e4m3_bf16x32(q + c, sb, e4m3_subnormal_bits());
     return pack_bf16(e4m3x16(q + c, sb, st), e4m3x16(q + c + 16, sb, st));
   }
-  void f32(int c, __m512& lo, __m512& hi) const {
+  void f32(const uint8_t* q, const uint8_t* s, int c, __m512& lo, __m512& hi) const {
     lo = e4m3x16(q + c, s[c >> 5], st);
     hi = e4m3x16(q + c + 16, s[c >> 5], st);
   }
@@ -139,25 +137,25 @@ struct Mxfp8Weights {
 void dot_rows_mxfp4_f32_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                int rows, int k, const float* const* x, int n, float* out,
                                size_t ldo) {
-  mx_rows_f32<Mxfp4Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
+  mx_rows<Mxfp4Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 void dot_rows_mxfp8_f32_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                int rows, int k, const float* const* x, int n, float* out,
                                size_t ldo) {
-  mx_rows_f32<Mxfp8Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
+  mx_rows<Mxfp8Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 void dot_rows_mxfp4_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                 int rows, int k, const Bf16* const* x, int n, float* out,
                                 size_t ldo) {
-  mx_rows_bf16<Mxfp4Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
+  mx_rows<Mxfp4Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 void dot_rows_mxfp8_bf16_avx512(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                 int rows, int k, const Bf16* const* x, int n, float* out,
                                 size_t ldo) {
-  mx_rows_bf16<Mxfp8Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
+  mx_rows<Mxfp8Weights>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 }  // namespace moekit::cpu_fast::detail

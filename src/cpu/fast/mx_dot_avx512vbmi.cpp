@@ -27,11 +27,9 @@ namespace {
 // index's low 4 bits.
 struct Mxfp4WeightsVbmi {
   static constexpr bool kFp4 = true;
-  const uint8_t* q;
-  const uint8_t* s;
   const E2m1RowBf16* tables = mx_e2m1_bf16_table();
   const E2m1Row* tables_f32 = mx_e2m1_f32_table();
-  void f32(int c, __m512& lo, __m512& hi) const {
+  void f32(const uint8_t* q, const uint8_t* s, int c, __m512& lo, __m512& hi) const {
     const __m512 scaled = _mm512_load_ps(tables_f32[s[c >> 5]].f32);
     const __m512i codes =
         _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c / 2)));
@@ -45,7 +43,7 @@ struct Mxfp4WeightsVbmi {
     hi = _mm512_permutexvar_ps(
         _mm512_srlv_epi32(_mm512_permutexvar_epi8(second_half, codes), odd_by_4), scaled);
   }
-  __m512bh bf16(int c) const {
+  __m512bh bf16(const uint8_t* q, const uint8_t* s, int c) const {
     const __m512i table = _mm512_broadcast_i64x4(
         _mm256_load_si256(reinterpret_cast<const __m256i*>(tables[s[c >> 5]].bits)));
     const __m512i codes =
@@ -66,13 +64,13 @@ struct Mxfp4WeightsVbmi {
 void dot_rows_mxfp4_f32_avx512vbmi(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                    int rows, int k, const float* const* x, int n, float* out,
                                    size_t ldo) {
-  mx_rows_f32<Mxfp4WeightsVbmi>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
+  mx_rows<Mxfp4WeightsVbmi>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 void dot_rows_mxfp4_bf16_avx512vbmi(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds,
                                     int rows, int k, const Bf16* const* x, int n, float* out,
                                     size_t ldo) {
-  mx_rows_bf16<Mxfp4WeightsVbmi>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
+  mx_rows<Mxfp4WeightsVbmi>(q, ldq, scale, lds, rows, k, x, n, out, ldo);
 }
 
 }  // namespace moekit::cpu_fast::detail

@@ -2,10 +2,11 @@
 // row against 1-2 tokens, summed exactly as kernels_avx512.cpp sums a bf16 row (dot_row_f32: 32
 // columns a step, two accumulators, their sum; dot_row_bf16: 64 columns a step through
 // vdpbf16ps, two accumulators, a 32-column tail into the first, their sum), with each step's
-// weights made in registers by the caller's weight maker:
-//   Weights{q, s}       the row's codes and its e8m0 scale bytes; Weights::kFp4: nibble codes
-//   w.bf16(c)           the 32 weights of the block at column c as bf16 (the bf16 loop)
-//   w.f32(c, lo, hi)    the same as two vectors of 16 fp32 (the fp32 loop)
+// weights made in registers by the caller's weight maker, of a row's codes q and e8m0 bytes s:
+//   Weights w{}            made once per call (it fetches its lookup tables); Weights::kFp4:
+//                          the codes are nibbles
+//   w.bf16(q, s, c)        the 32 weights of the block at column c as bf16 (the bf16 loop)
+//   w.f32(q, s, c, lo, hi) the same as two vectors of 16 fp32 (the fp32 loop)
 //
 // Everything here has internal linkage: the two files are compiled with different -m flags, so
 // one linker-merged copy of an inline function could carry VBMI instructions into the path of a
@@ -18,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/fast/kernels.h"
 
@@ -32,16 +34,16 @@ constexpr int kPrefetchBytes = 4096;
 // emitted no prefetch instruction at all (seen in the object code).
 
 template <int J, class Weights>
-void row_mx_f32(const Weights& w, int k, const float* const* x, float* out, size_t ldo) {
+void row_mx_f32(const Weights& w, const uint8_t* q, const uint8_t* s, int k, const float* const* x,
+                float* out, size_t ldo) {
   __m512 a0[J], a1[J];
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
   for (int c = 0; c < k; c += 32) {
     if (Weights::kFp4 ? (c & 127) == 0 : (c & 63) == 0)
-      _mm_prefetch(
-          reinterpret_cast<const char*>(w.q + (Weights::kFp4 ? c / 2 : c)) + kPrefetchBytes,
-          _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (Weights::kFp4 ? c / 2 : c)) + kPrefetchBytes,
+                   _MM_HINT_T1);
     __m512 w0, w1;
-    w.f32(c, w0, w1);
+    w.f32(q, s, c, w0, w1);
     for (int j = 0; j < J; ++j) {
       a0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), a0[j]);
       a1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + c + 16), a1[j]);
@@ -51,59 +53,46 @@ void row_mx_f32(const Weights& w, int k, const float* const* x, float* out, size
 }
 
 template <int J, class Weights>
-void row_mx_bf16(const Weights& w, int k, const Bf16* const* x, float* out, size_t ldo) {
+void row_mx_bf16(const Weights& w, const uint8_t* q, const uint8_t* s, int k, const Bf16* const* x,
+                 float* out, size_t ldo) {
   __m512 a0[J], a1[J];
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
   const int k_main = k & ~63;
   for (int c = 0; c < k_main; c += 64) {
     if (!Weights::kFp4 || (c & 127) == 0)
-      _mm_prefetch(
-          reinterpret_cast<const char*>(w.q + (Weights::kFp4 ? c / 2 : c)) + kPrefetchBytes,
-          _MM_HINT_T1);
-    const __m512bh w0 = w.bf16(c);
-    const __m512bh w1 = w.bf16(c + 32);
+      _mm_prefetch(reinterpret_cast<const char*>(q + (Weights::kFp4 ? c / 2 : c)) + kPrefetchBytes,
+                   _MM_HINT_T1);
+    const __m512bh w0 = w.bf16(q, s, c);
+    const __m512bh w1 = w.bf16(q, s, c + 32);
     for (int j = 0; j < J; ++j) {
       a0[j] = _mm512_dpbf16_ps(a0[j], w0, (__m512bh)_mm512_loadu_si512(x[j] + c));
       a1[j] = _mm512_dpbf16_ps(a1[j], w1, (__m512bh)_mm512_loadu_si512(x[j] + c + 32));
     }
   }
   if (k_main < k) {  // one whole block left, into a0 (dot_row_bf16's tail step)
-    const __m512bh wv = w.bf16(k_main);
+    const __m512bh wv = w.bf16(q, s, k_main);
     for (int j = 0; j < J; ++j)
       a0[j] = _mm512_dpbf16_ps(a0[j], wv, (__m512bh)_mm512_loadu_si512(x[j] + k_main));
   }
   for (int j = 0; j < J; ++j) out[j * ldo] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
 }
 
-// row(count, q, s, x, out, ldo) for every row, count the token count as a template constant.
-template <typename X, typename Row>
-void each_row(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds, int rows,
-              const X* const* x, int n, float* out, size_t ldo, Row row) {
+// kernels.h's MxRowsF32 (X = float) and MxRowsBf16 (X = Bf16) with the weight maker Weights.
+template <class Weights, typename X>
+void mx_rows(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds, int rows, int k,
+             const X* const* x, int n, float* out, size_t ldo) {
+  const Weights w{};
   for (int r = 0; r < rows; ++r) {
+    const uint8_t* qr = q + static_cast<size_t>(r) * ldq;
+    const uint8_t* sr = scale + static_cast<size_t>(r) * lds;
     with_static_count<2>(n, [&](auto count) {
-      row(count, q + static_cast<size_t>(r) * ldq, scale + static_cast<size_t>(r) * lds, x, out + r,
-          ldo);
+      if constexpr (std::is_same_v<X, Bf16>) {
+        row_mx_bf16<decltype(count)::value>(w, qr, sr, k, x, out + r, ldo);
+      } else {
+        row_mx_f32<decltype(count)::value>(w, qr, sr, k, x, out + r, ldo);
+      }
     });
   }
-}
-
-// The rows of kernels.h's MxRowsF32 / MxRowsBf16 with the weight maker Weights.
-template <class Weights>
-void mx_rows_f32(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds, int rows, int k,
-                 const float* const* x, int n, float* out, size_t ldo) {
-  each_row(q, ldq, scale, lds, rows, x, n, out, ldo,
-           [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
-             row_mx_f32<decltype(count)::value>(Weights{qr, sr}, k, xs, o, l);
-           });
-}
-
-template <class Weights>
-void mx_rows_bf16(const uint8_t* q, size_t ldq, const uint8_t* scale, size_t lds, int rows, int k,
-                  const Bf16* const* x, int n, float* out, size_t ldo) {
-  each_row(q, ldq, scale, lds, rows, x, n, out, ldo,
-           [k](auto count, auto qr, auto sr, auto xs, auto o, size_t l) {
-             row_mx_bf16<decltype(count)::value>(Weights{qr, sr}, k, xs, o, l);
-           });
 }
 
 }  // namespace
