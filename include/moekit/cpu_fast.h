@@ -40,7 +40,7 @@ Isa resolve_isa(Isa requested);
 struct PhaseTimes {
   double router = 0;   // router GEMM and routing (forward() only)
   double gate_up = 0;  // grouping the pairs by expert, the gate/up GEMM and the activation
-  double down = 0;     // the down GEMM
+  double down = 0;     // the down GEMM after the last gate/up unit (its first units run beside it)
   double combine = 0;  // the weighted sum into y
 };
 

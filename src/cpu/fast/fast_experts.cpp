@@ -3,13 +3,15 @@
 //   2. group      the T*(k+S) (token, slot) pairs become one job per touched expert (ascending id)
 //                 holding its tokens and weights; the unfused shared MLP is one more job (width
 //                 Is, every token, weight = shared_scale).
-//   3. gate/up    units of 1 MB, then 256 KB, of bf16-equivalent weights (a block of intermediate
+//   3. gate/up    units of 2 MB, then 256 KB, of bf16-equivalent weights (a block of intermediate
 //                 columns of one job: its gate and up rows; make_units) are taken by the threads
 //                 dynamically; each unit streams its rows once for all of the job's tokens,
 //                 then applies the activation (SiLU·mul, clamps, swigluoai, biases) to its
 //                 columns while they are in cache. Experts used for the first time are
 //                 materialised here, by the units that need them.
-//   4. down       units of one job's W2 rows, sized as gate/up's: down[pair, rows] = W2 a.
+//   4. down       units of one job's W2 rows, sized as gate/up's: down[pair, rows] = W2 a; the
+//                 same run of the threads as gate/up's, each job's units starting once its
+//                 gate/up units are done.
 //   5. combine    y[t] += w * (down + b2), blocks of y columns per thread, jobs in a fixed order
 //                 (no atomics; the combine reads ~T*(k+S)*H*4 bytes, << the weights).
 //
@@ -23,8 +25,10 @@
 // activations elsewhere; the down projection always uses fp32 activations. Each expert format's
 // weights and rows are expert_jobs.h's.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "cpu/experts_routing_check.h"
@@ -62,6 +66,9 @@ struct ActivationFn {
   }
 };
 
+// Pauses a down unit spins for its job's gate/up units before it yields its core between polls.
+constexpr int kSpinsBeforeYield = 4096;
+
 // Below this size a phase runs on the calling thread: waking a worker costs more than it saves.
 constexpr double kSerialCombineElements = 1e6;
 
@@ -79,7 +86,7 @@ struct Unit {
 // bytes once threads stream side by side (docs/decisions/cpu_thread_pool.md). Unit boundaries
 // depend only on the shapes, never on the thread count.
 constexpr size_t kUnitBytes = size_t{256} << 10;
-constexpr size_t kBigUnitBytes = size_t{1} << 20;
+constexpr size_t kBigUnitBytes = size_t{2} << 20;
 
 template <typename Extent, typename RowBytes>
 std::vector<Unit> make_units(const std::vector<Job>& jobs, Extent extent, RowBytes row_bytes) {
@@ -216,12 +223,27 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   const ActivationFn activate{spec.activation, spec.swiglu_limit, spec.swiglu_alpha,
                               spec.swiglu_beta};
 
-  // ---- gate/up GEMM + activation, in units of intermediate columns of one job
+  // ---- gate/up GEMM + activation, in units of intermediate columns of one job; then the down
+  // GEMM, in units of output rows of one job: down[pair, H] = W2 a (no bias yet). One run takes
+  // the gate/up units and then the down units, and a down unit waits until its job's gate/up units
+  // are done (up_left), so no thread idles between the two GEMMs while another ends its last
+  // gate/up unit. (Every gate/up unit is taken before any down unit, by a thread that runs it: the
+  // waits end; a gate/up unit that throws, e.g. an unreadable expert, counts itself done and
+  // fails the run: the down units that follow skip their work, and run_units rethrows.)
   const std::vector<Unit> up_units = make_units(
       jobs, [&](const Job& j) { return j.inter; },
       [&](const Job&) { return 4 * static_cast<size_t>(H); });  // gate + up row, bf16
-  run_units(threads, up_units.size(), [&](size_t ui) {
-    const Unit& unit = up_units[ui];
+  const std::vector<Unit> down_units = make_units(
+      jobs, [&](const Job&) { return H; },
+      [&](const Job& j) { return 2 * static_cast<size_t>(j.inter); });
+  float* down = scratch(down_buffer, pairs * static_cast<size_t>(H));
+  std::vector<std::atomic<int>> up_left(jobs.size());
+  for (auto& n : up_left) n.store(0, std::memory_order_relaxed);
+  for (const Unit& u : up_units) up_left[u.job].fetch_add(1, std::memory_order_relaxed);
+  std::atomic<size_t> up_units_left{up_units.size()};
+  std::atomic<bool> up_failed{false};
+  std::chrono::steady_clock::time_point up_end = start;  // (written by the last gate/up unit)
+  auto gate_up_work = [&](const Unit& unit) {
     Job job = jobs[unit.job];
     if (job.expert >= 0) detail::attach_weights(w, job);
     const int i0 = unit.begin, i1 = unit.end;
@@ -239,33 +261,56 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
         gj[i] = activate(gv, uv);
       }
     }
-  });
-
-  // opt.phases: each phase's time from the end of the one before
-  auto phase_start = start;
-  auto phase_end = [&](double PhaseTimes::*phase) {
-    if (opt.phases == nullptr) return;
-    opt.phases->*phase = detail::microseconds_since(phase_start);
-    phase_start = std::chrono::steady_clock::now();
   };
-  phase_end(&PhaseTimes::gate_up);
-
-  for (Job& job : jobs) {
+  auto gate_up_unit = [&](const Unit& unit) {
+    try {
+      gate_up_work(unit);
+    } catch (...) {
+      up_failed.store(true, std::memory_order_relaxed);
+      up_left[unit.job].fetch_sub(1, std::memory_order_release);
+      throw;
+    }
+    up_left[unit.job].fetch_sub(1, std::memory_order_release);
+    if (up_units_left.fetch_sub(1, std::memory_order_relaxed) == 1) {
+      up_end = std::chrono::steady_clock::now();
+    }
+  };
+  auto down_unit = [&](const Unit& unit) {
+    // (after a while the wait yields its core, which the unit it waits for may need)
+    for (int spins = 0; up_left[unit.job].load(std::memory_order_acquire) != 0; ++spins) {
+      if (spins < kSpinsBeforeYield) {
+        detail::cpu_relax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    if (up_failed.load(std::memory_order_relaxed)) return;
+    Job job = jobs[unit.job];
     if (job.expert >= 0) detail::attach_weights(w, job);  // materialised by now: a lookup
-  }
-
-  // ---- down GEMM, in units of output rows of one job: down[pair, H] = W2 a (no bias yet)
-  float* down = scratch(down_buffer, pairs * static_cast<size_t>(H));
-  const std::vector<Unit> down_units = make_units(
-      jobs, [&](const Job&) { return H; },
-      [&](const Job& j) { return 2 * static_cast<size_t>(j.inter); });
-  run_units(threads, down_units.size(), [&](size_t ui) {
-    const Unit& unit = down_units[ui];
-    const Job& job = jobs[unit.job];
     detail::project_down(kern, job, H, unit.begin, unit.end, act_ptr.data() + job.first,
                          down + job.first * H);
+  };
+  const size_t n_up = up_units.size();
+  run_units(threads, n_up + down_units.size(), [&](size_t i) {
+    if (i < n_up) {
+      gate_up_unit(up_units[i]);
+    } else {
+      down_unit(down_units[i - n_up]);
+    }
   });
-  phase_end(&PhaseTimes::down);
+  // opt.phases: each phase's time from the end of the one before (gate/up: to the end of its
+  // last unit, which down units may overlap)
+  auto phase_start = start;
+  auto phase_end = [&](double PhaseTimes::*phase, std::chrono::steady_clock::time_point end) {
+    if (opt.phases == nullptr) return;
+    opt.phases->*phase = std::chrono::duration<double, std::micro>(end - phase_start).count();
+    phase_start = end;
+  };
+  phase_end(&PhaseTimes::gate_up, up_end);
+  phase_end(&PhaseTimes::down, std::chrono::steady_clock::now());
+  for (Job& job : jobs) {
+    if (job.expert >= 0) detail::attach_weights(w, job);  // (the combine's down biases)
+  }
 
   // ---- weighted combine, in column blocks of y: every y element sums the jobs in job order,
   // so the result does not depend on which thread ran which unit
@@ -289,7 +334,7 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
       }
     }
   });
-  phase_end(&PhaseTimes::combine);
+  phase_end(&PhaseTimes::combine, std::chrono::steady_clock::now());
   return y;
 }
 

@@ -17,14 +17,6 @@ namespace {
 // little.
 constexpr std::chrono::microseconds kSpin{200};
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // Waits until `a` holds a value other than `old` and returns it: polling for up to kSpin when
 // `spin`, then sleeping on the atomic (a futex on Linux).
 template <typename T>
@@ -123,6 +115,14 @@ void ThreadPool::run(int participants, const std::function<void(int, int)>& fn) 
     error = error_;
   }
   if (error) std::rethrow_exception(error);
+}
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
 ThreadPool& global_pool() {

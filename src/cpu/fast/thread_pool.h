@@ -57,4 +57,7 @@ class ThreadPool {
 // The process-wide pool the backend uses.
 ThreadPool& global_pool();
 
+// One pause of a spin-wait loop (x86 pause, arm yield).
+void cpu_relax();
+
 }  // namespace moekit::cpu_fast::detail
