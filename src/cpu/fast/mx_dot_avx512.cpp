@@ -103,32 +103,31 @@ inline __m512bh e4m3_bf16x32(const uint8_t* q, uint8_t s, __m512i subnormals) {
                                          _mm512_or_si512(_mm512_permutexvar_epi16(b, sub), sign));
 }
 
-// The row loops' weight makers (mx_row_loop_avx512.h): the block at column c.
+// The row loops' weight makers (mx_row_loop_avx512.h): a block of codes q with e8m0 byte s.
 struct Mxfp4Weights {
   static constexpr bool kFp4 = true;
+  static constexpr int kBlockBytes = 16;
   const E2m1RowBf16* tables = mx_e2m1_bf16_table();
   const E2m1Row* tables_f32 = mx_e2m1_f32_table();
-  __m512bh bf16(const uint8_t* q, const uint8_t* s, int c) const {
-    return mxfp4_bf16x32(q + c / 2, tables[s[c >> 5]]);
-  }
-  void f32(const uint8_t* q, const uint8_t* s, int c, __m512& lo, __m512& hi) const {
-    const __m512 scaled = _mm512_load_ps(tables_f32[s[c >> 5]].f32);
-    lo = _mm512_permutexvar_ps(nibble_indices16(q + c / 2), scaled);
-    hi = _mm512_permutexvar_ps(nibble_indices16(q + c / 2 + 8), scaled);
+  __m512bh bf16(const uint8_t* q, uint8_t s) const { return mxfp4_bf16x32(q, tables[s]); }
+  void f32(const uint8_t* q, uint8_t s, __m512& lo, __m512& hi) const {
+    const __m512 scaled = _mm512_load_ps(tables_f32[s].f32);
+    lo = _mm512_permutexvar_ps(nibble_indices16(q), scaled);
+    hi = _mm512_permutexvar_ps(nibble_indices16(q + 8), scaled);
   }
 };
 
 struct Mxfp8Weights {
   static constexpr bool kFp4 = false;
+  static constexpr int kBlockBytes = 32;
   const float* st = mx_scale_table();
-  __m512bh bf16(const uint8_t* q, const uint8_t* s, int c) const {
-    const uint8_t sb = s[c >> 5];
-    if (sb >= 10 && sb <= 246) return e4m3_bf16x32(q + c, sb, e4m3_subnormal_bits());
-    return pack_bf16(e4m3x16(q + c, sb, st), e4m3x16(q + c + 16, sb, st));
+  __m512bh bf16(const uint8_t* q, uint8_t s) const {
+    if (s >= 10 && s <= 246) return e4m3_bf16x32(q, s, e4m3_subnormal_bits());
+    return pack_bf16(e4m3x16(q, s, st), e4m3x16(q + 16, s, st));
   }
-  void f32(const uint8_t* q, const uint8_t* s, int c, __m512& lo, __m512& hi) const {
-    lo = e4m3x16(q + c, s[c >> 5], st);
-    hi = e4m3x16(q + c + 16, s[c >> 5], st);
+  void f32(const uint8_t* q, uint8_t s, __m512& lo, __m512& hi) const {
+    lo = e4m3x16(q, s, st);
+    hi = e4m3x16(q + 16, s, st);
   }
 };
 

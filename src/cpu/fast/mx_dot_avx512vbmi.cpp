@@ -17,7 +17,7 @@
 namespace moekit::cpu_fast::detail {
 namespace {
 
-// The 32 MXFP4 weights of one block.
+// The 32 MXFP4 weights of one block (its 16 code bytes q, its e8m0 byte s).
 // bf16: vpermb puts code byte i in bytes 4i..4i+3, so u16 lanes 2i and 2i + 1 both hold byte i
 // twice; vpsrlvw shifts the odd lanes by 4, bringing the high nibble to bits 0-3. vpermw reads an
 // index's low 5 bits: bit 4 is the other nibble's low bit, so the block's 16-entry table sits in
@@ -27,12 +27,13 @@ namespace {
 // index's low 4 bits.
 struct Mxfp4WeightsVbmi {
   static constexpr bool kFp4 = true;
+  static constexpr int kBlockBytes = 16;
   const E2m1RowBf16* tables = mx_e2m1_bf16_table();
   const E2m1Row* tables_f32 = mx_e2m1_f32_table();
-  void f32(const uint8_t* q, const uint8_t* s, int c, __m512& lo, __m512& hi) const {
-    const __m512 scaled = _mm512_load_ps(tables_f32[s[c >> 5]].f32);
+  void f32(const uint8_t* q, uint8_t s, __m512& lo, __m512& hi) const {
+    const __m512 scaled = _mm512_load_ps(tables_f32[s].f32);
     const __m512i codes =
-        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c / 2)));
+        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
     // u32 lane l of the result takes code byte `first + l / 2` in its low byte
     const __m512i first_half = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     const __m512i second_half =
@@ -43,11 +44,11 @@ struct Mxfp4WeightsVbmi {
     hi = _mm512_permutexvar_ps(
         _mm512_srlv_epi32(_mm512_permutexvar_epi8(second_half, codes), odd_by_4), scaled);
   }
-  __m512bh bf16(const uint8_t* q, const uint8_t* s, int c) const {
-    const __m512i table = _mm512_broadcast_i64x4(
-        _mm256_load_si256(reinterpret_cast<const __m256i*>(tables[s[c >> 5]].bits)));
+  __m512bh bf16(const uint8_t* q, uint8_t s) const {
+    const __m512i table =
+        _mm512_broadcast_i64x4(_mm256_load_si256(reinterpret_cast<const __m256i*>(tables[s].bits)));
     const __m512i codes =
-        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c / 2)));
+        _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
     // byte 4i + j of the result is code byte i (vpermb reads its indices' low 6 bits)
     const __m512i each_four =
         _mm512_setr_epi32(0x00000000, 0x01010101, 0x02020202, 0x03030303, 0x04040404, 0x05050505,

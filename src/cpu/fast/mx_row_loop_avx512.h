@@ -2,11 +2,14 @@
 // row against 1-2 tokens, summed exactly as kernels_avx512.cpp sums a bf16 row (dot_row_f32: 32
 // columns a step, two accumulators, their sum; dot_row_bf16: 64 columns a step through
 // vdpbf16ps, two accumulators, a 32-column tail into the first, their sum), with each step's
-// weights made in registers by the caller's weight maker, of a row's codes q and e8m0 bytes s:
-//   Weights w{}            made once per call (it fetches its lookup tables); Weights::kFp4:
-//                          the codes are nibbles
-//   w.bf16(q, s, c)        the 32 weights of the block at column c as bf16 (the bf16 loop)
-//   w.f32(q, s, c, lo, hi) the same as two vectors of 16 fp32 (the fp32 loop)
+// weights made in registers by the caller's weight maker, of a block's codes and e8m0 byte:
+//   Weights w{}                made once per call (it fetches its lookup tables); Weights::kFp4:
+//                              the codes are nibbles; Weights::kBlockBytes: a block's code bytes
+//   w.bf16(codes, e8m0)        the block's 32 weights as bf16 (the bf16 loop)
+//   w.f32(codes, e8m0, lo, hi) the same as two vectors of 16 fp32 (the fp32 loop)
+// The loops walk a row's codes and e8m0 bytes with pointers, a block a step: a column index's
+// address arithmetic (halving, sign extension, the scale's shift) took as many instructions as
+// making the weights.
 //
 // Everything here has internal linkage: the two files are compiled with different -m flags, so
 // one linker-merged copy of an inline function could carry VBMI instructions into the path of a
@@ -38,12 +41,13 @@ void row_mx_f32(const Weights& w, const uint8_t* q, const uint8_t* s, int k, con
                 float* out, size_t ldo) {
   __m512 a0[J], a1[J];
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
-  for (int c = 0; c < k; c += 32) {
+  const uint8_t* qb = q;  // the block's codes and e8m0 byte, advanced a block a step
+  const uint8_t* sb = s;
+  for (int c = 0; c < k; c += 32, qb += Weights::kBlockBytes, ++sb) {
     if (Weights::kFp4 ? (c & 127) == 0 : (c & 63) == 0)
-      _mm_prefetch(reinterpret_cast<const char*>(q + (Weights::kFp4 ? c / 2 : c)) + kPrefetchBytes,
-                   _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(qb) + kPrefetchBytes, _MM_HINT_T1);
     __m512 w0, w1;
-    w.f32(q, s, c, w0, w1);
+    w.f32(qb, *sb, w0, w1);
     for (int j = 0; j < J; ++j) {
       a0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x[j] + c), a0[j]);
       a1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x[j] + c + 16), a1[j]);
@@ -58,19 +62,20 @@ void row_mx_bf16(const Weights& w, const uint8_t* q, const uint8_t* s, int k, co
   __m512 a0[J], a1[J];
   for (int j = 0; j < J; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
   const int k_main = k & ~63;
-  for (int c = 0; c < k_main; c += 64) {
+  const uint8_t* qb = q;  // the first block's codes and e8m0 byte, advanced two blocks a step
+  const uint8_t* sb = s;
+  for (int c = 0; c < k_main; c += 64, qb += 2 * Weights::kBlockBytes, sb += 2) {
     if (!Weights::kFp4 || (c & 127) == 0)
-      _mm_prefetch(reinterpret_cast<const char*>(q + (Weights::kFp4 ? c / 2 : c)) + kPrefetchBytes,
-                   _MM_HINT_T1);
-    const __m512bh w0 = w.bf16(q, s, c);
-    const __m512bh w1 = w.bf16(q, s, c + 32);
+      _mm_prefetch(reinterpret_cast<const char*>(qb) + kPrefetchBytes, _MM_HINT_T1);
+    const __m512bh w0 = w.bf16(qb, sb[0]);
+    const __m512bh w1 = w.bf16(qb + Weights::kBlockBytes, sb[1]);
     for (int j = 0; j < J; ++j) {
       a0[j] = _mm512_dpbf16_ps(a0[j], w0, (__m512bh)_mm512_loadu_si512(x[j] + c));
       a1[j] = _mm512_dpbf16_ps(a1[j], w1, (__m512bh)_mm512_loadu_si512(x[j] + c + 32));
     }
   }
   if (k_main < k) {  // one whole block left, into a0 (dot_row_bf16's tail step)
-    const __m512bh wv = w.bf16(q, s, k_main);
+    const __m512bh wv = w.bf16(qb, sb[0]);
     for (int j = 0; j < J; ++j)
       a0[j] = _mm512_dpbf16_ps(a0[j], wv, (__m512bh)_mm512_loadu_si512(x[j] + k_main));
   }
