@@ -4,8 +4,8 @@
 //                 router_dot), columns split over the threads when large enough; then
 //                 cpu_reference::route (cheap).
 //   2. group      the T*(k+S) (token, slot) pairs become one job per touched expert.
-//   3. gate/up    units of ~256 KB of gate and up rows, activation applied while in cache.
-//   4. down       units of ~256 KB of one job's W2 rows.
+//   3. gate/up    units of one job's gate and up rows, activation applied while in cache.
+//   4. down       units of one job's W2 rows, in the same run of the threads as gate/up's.
 //   5. combine    y[t] += w * (down + b2), jobs in a fixed order.
 //
 // This file holds the router and forward(); phases 2-5 are experts() (fast_experts.cpp), each
