@@ -9,10 +9,11 @@
 //                 then applies the activation (SiLU·mul, clamps, swigluoai, biases) to its
 //                 columns while they are in cache. Experts used for the first time are
 //                 materialised here, by the units that need them.
-//   4. down       units of one job's W2 rows, sized as gate/up's: down[pair, rows] = W2 a; the
-//                 same run of the threads as gate/up's, each job's units starting once its
-//                 gate/up units are done.
-//   5. combine    y[t] += w * (down + b2), blocks of y columns per thread, jobs in a fixed order
+//   4. down       units of one job's W2 rows, sized as gate/up's: down[pair, rows] = W2 a + b2;
+//                 the same run of the threads as gate/up's, each job's units starting once its
+//                 gate/up units are done. (The bias here, not in the combine: its rows are read
+//                 by the threads that stream the job, not by one thread after them.)
+//   5. combine    y[t] += w * down, blocks of y columns per thread, jobs in a fixed order
 //                 (no atomics; the combine reads ~T*(k+S)*H*4 bytes, << the weights).
 //
 // Why units of every expert rather than whole experts per thread: all threads stream
@@ -287,8 +288,14 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
     if (up_failed.load(std::memory_order_relaxed)) return;
     Job job = jobs[unit.job];
     if (job.expert >= 0) detail::attach_weights(w, job);  // materialised by now: a lookup
-    detail::project_down(kern, job, H, unit.begin, unit.end, act_ptr.data() + job.first,
-                         down + job.first * H);
+    float* out = down + job.first * H;
+    detail::project_down(kern, job, H, unit.begin, unit.end, act_ptr.data() + job.first, out);
+    if (job.b_down) {
+      for (int j = 0; j < job.count; ++j) {
+        float* o = out + static_cast<size_t>(j) * H;
+        for (int h = unit.begin; h < unit.end; ++h) o[h] += job.b_down[h];
+      }
+    }
   };
   const size_t n_up = up_units.size();
   run_units(threads, n_up + down_units.size(), [&](size_t i) {
@@ -308,9 +315,6 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
   };
   phase_end(&PhaseTimes::gate_up, up_end);
   phase_end(&PhaseTimes::down, std::chrono::steady_clock::now());
-  for (Job& job : jobs) {
-    if (job.expert >= 0) detail::attach_weights(w, job);  // (the combine's down biases)
-  }
 
   // ---- weighted combine, in column blocks of y: every y element sums the jobs in job order,
   // so the result does not depend on which thread ran which unit
@@ -326,11 +330,7 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
         const float weight = wt[pair];
         float* yt = y.data() + static_cast<size_t>(tok[pair]) * H;
         const float* o = down + pair * H;
-        if (job.b_down) {
-          for (int h = h0; h < h1; ++h) yt[h] += weight * (o[h] + job.b_down[h]);
-        } else {
-          for (int h = h0; h < h1; ++h) yt[h] += weight * o[h];
-        }
+        for (int h = h0; h < h1; ++h) yt[h] += weight * o[h];
       }
     }
   });
