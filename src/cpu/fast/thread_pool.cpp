@@ -60,11 +60,13 @@ void ThreadPool::ensure_workers(int count) {
     const int index = static_cast<int>(workers_.size()) + 1;  // participant index; 0 = caller
     // (the phase before the run that creates it: a thread that starts late still sees that run)
     const uint64_t seen = phase_.load(std::memory_order_relaxed);
-    workers_.emplace_back([this, index, seen] { worker_loop(index, seen); });
+    done_.push_back(std::make_unique<Done>());
+    Done* done = done_.back().get();
+    workers_.emplace_back([this, index, seen, done] { worker_loop(index, seen, done); });
   }
 }
 
-void ThreadPool::worker_loop(int index, uint64_t seen) {
+void ThreadPool::worker_loop(int index, uint64_t seen, Done* done) {
   for (;;) {
     // (spinning when the run last seen fit the cores)
     seen = wait_for_change(phase_, seen, (seen & kPhaseSpin) != 0);
@@ -78,7 +80,9 @@ void ThreadPool::worker_loop(int index, uint64_t seen) {
       std::lock_guard<std::mutex> lock(error_mutex_);
       if (!error_) error_ = std::current_exception();
     }
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    done->run.store(static_cast<uint32_t>(seen >> 32),
+                    std::memory_order_release);  // (after error_)
+    done->run.notify_one();
   }
 }
 
@@ -91,12 +95,11 @@ void ThreadPool::run(int participants, const std::function<void(int, int)>& fn) 
   ensure_workers(participants - 1);
   task_ = &fn;
   error_ = nullptr;
-  pending_.store(participants - 1, std::memory_order_relaxed);
   // why: workers that outnumber the cores would spin on cores that working threads need
   const bool spin = static_cast<int>(workers_.size()) + 1 <= cores_;
   const uint64_t phase = (phase_.load(std::memory_order_relaxed) & ~(kPhaseStep - 1)) + kPhaseStep +
                          (spin ? kPhaseSpin : 0) + static_cast<uint64_t>(participants);
-  phase_.store(phase, std::memory_order_release);  // publishes task_ and pending_
+  phase_.store(phase, std::memory_order_release);  // publishes task_
   phase_.notify_all();
   std::exception_ptr caller_error;
   try {
@@ -104,9 +107,12 @@ void ThreadPool::run(int participants, const std::function<void(int, int)>& fn) 
   } catch (...) {
     caller_error = std::current_exception();
   }
-  for (int p = pending_.load(std::memory_order_acquire); p != 0;
-       p = pending_.load(std::memory_order_acquire)) {
-    wait_for_change(pending_, p, spin);
+  const uint32_t run = static_cast<uint32_t>(phase >> 32);
+  for (int i = 0; i < participants - 1; ++i) {
+    const std::atomic<uint32_t>& done = done_[i]->run;
+    for (uint32_t d = done.load(std::memory_order_acquire); d != run;) {
+      d = wait_for_change(done, d, spin);
+    }
   }
   task_ = nullptr;
   std::exception_ptr error = caller_error;

@@ -7,14 +7,17 @@
 // phase counter for a short while (kSpin, pausing between polls) before it sleeps on it: the
 // next phase of the same forward, microseconds later, finds it awake. The caller is
 // participant 0 and works too, so threads = 1 never touches the pool; it waits for the others
-// the same way, spinning first. Workers spin only while the pool's threads fit the machine's
-// cores, so that a spinning worker never takes a core a working one needs.
+// the same way, spinning first, on one word per worker that the worker alone writes: a
+// counter that every participant decrements would pass its cache line from core to core once
+// per worker at the end of every phase. Workers spin only while the pool's threads fit the
+// machine's cores, so that a spinning worker never takes a core a working one needs.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -34,12 +37,22 @@ class ThreadPool {
   void run(int participants, const std::function<void(int, int)>& fn);
 
  private:
-  void ensure_workers(int count);              // with run_mutex_ held
-  void worker_loop(int index, uint64_t seen);  // seen: the phase_ it was created in
+  // The counter (phase_'s high 32 bits) of the last run a worker took part in, written by that
+  // worker when its share is done; a cache line of its own. why 32 bits: an atomic of this
+  // size is a futex word, whose notify without sleepers only reads; a 64-bit atomic's notify
+  // adds to a word the library shares between addresses, one more line every worker writes.
+  struct alignas(64) Done {
+    std::atomic<uint32_t> run{0};
+  };
+
+  void ensure_workers(int count);  // with run_mutex_ held
+  // seen: the phase_ it was created in
+  void worker_loop(int index, uint64_t seen, Done* done);
 
   const int cores_;       // std::thread::hardware_concurrency(), at least 1
   std::mutex run_mutex_;  // one run() at a time
   std::vector<std::thread> workers_;
+  std::vector<std::unique_ptr<Done>> done_;  // worker i's is done_[i - 1]
   // The current run's function: written before phase_ changes (release), read only by the
   // run's participants, after they see the change (acquire) and before they count themselves
   // done, so never while the next run() writes it.
@@ -48,7 +61,6 @@ class ThreadPool {
   // bumped by every run() that uses workers (and at stop) in the high 32 bits, bit 31 set when
   // the run's threads fit the cores (its workers spin), its participant count in the low bits.
   std::atomic<uint64_t> phase_{0};
-  std::atomic<int> pending_{0};  // participants of the current run still working, but the caller
   std::atomic<bool> stop_{false};
   std::mutex error_mutex_;
   std::exception_ptr error_;
