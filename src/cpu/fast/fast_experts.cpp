@@ -225,7 +225,7 @@ std::vector<float> experts(const LayerWeights& w, const Bf16* x, int tokens, con
                               spec.swiglu_beta};
 
   // ---- gate/up GEMM + activation, in units of intermediate columns of one job; then the down
-  // GEMM, in units of output rows of one job: down[pair, H] = W2 a (no bias yet). One run takes
+  // GEMM, in units of output rows of one job: down[pair, H] = W2 a + b2. One run takes
   // the gate/up units and then the down units, and a down unit waits until its job's gate/up units
   // are done (up_left), so no thread idles between the two GEMMs while another ends its last
   // gate/up unit. (Every gate/up unit is taken before any down unit, by a thread that runs it: the
