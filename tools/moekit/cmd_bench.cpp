@@ -32,7 +32,8 @@ CLI::App* add_bench_command(CLI::App& app) {
       ->check(decimal_integer(true));
   cmd->add_option("--plot", o->plot, "Draw the batch sweep to this PNG (cuda)");
   cmd->add_flag("--json", o->json, "Print JSON records");
-  cmd->add_flag("--trace", o->trace, "Print each batch's kernel timeline to stderr (cuda)");
+  cmd->add_flag("--trace", o->trace,
+                "Print each batch's kernel timeline to stderr (cuda, up to 512 tokens)");
   cmd->add_option("--dtype", o->dtype,
                   "Experts' dtype: bf16|fp8|mxfp4|mxfp8|config (what the config declares)")
       ->capture_default_str();

@@ -342,6 +342,12 @@ std::vector<GpuBenchRecord> bench_layer(const GpuBenchOptions& opt, bool verbose
           r.step_us = 0;
           r.tokens_per_s = batch / (r.us_per_layer * moe_layers * 1e-6);
           recs.push_back(r);
+          if (opt.trace) {
+            std::fprintf(stderr,
+                         "trace %s T=%d: none above %d tokens (the timeline is of a decode step's "
+                         "kernels; time the prefill path's with nsys or ncu)\n",
+                         spec.name.c_str(), batch, kStepMaxBatch);
+          }
           if (verbose) {
             std::fprintf(stderr, "  batch %d fused=%s: %.1f us/layer (floor %.1f, %.3f of bw), "
                          "%.1f expert TFLOP/s (%.3f of the bf16 ceiling)\n", batch,
