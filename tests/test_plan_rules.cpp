@@ -265,31 +265,74 @@ TEST(PlanRules, GroupedTileIsTheMeasuredFasterOne) {
            Point{2048, 8, 256, 1, true, 64}, Point{2048, 8, 256, 0, true, 64},
            Point{4096, 8, 256, 1, true, 128}, Point{4096, 8, 256, 0, true, 128},
            Point{16384, 8, 256, 1, true, 128}}) {
-    EXPECT_EQ(experts_grouped_tile_m(p.tokens, p.top_k, p.experts, p.shared, p.fp8), p.tile_m)
+    EXPECT_EQ(experts_grouped_tile_m(p.tokens, p.top_k, p.experts, p.shared, p.fp8, 0), p.tile_m)
         << p.tokens << " tokens, top " << p.top_k << " of " << p.experts << (p.fp8 ? " fp8" : "");
   }
+}
+
+// docs/decisions/experts_grouped_gemms.md: on the H100 80GB HBM3 the 128-row cooperative
+// instance from 256 routed rows an expert (bf16), the H200's choice below
+TEST(PlanRules, GroupedTileOfTheH100) {
+  const DeviceInfo h100 = device_profile("h100");
+  EXPECT_EQ(h100.grouped_tile128_from_rows, 256);
+  EXPECT_EQ(with_measured_facts(DeviceInfo{"NVIDIA H100 80GB HBM3", 132, tuning::Arch::Sm90})
+                .grouped_tile128_from_rows,
+            256);
+  for (const char* other : {"NVIDIA H200", "NVIDIA H100 PCIe", "sm90"}) {
+    EXPECT_EQ(
+        with_measured_facts(DeviceInfo{other, 132, tuning::Arch::Sm90}).grouped_tile128_from_rows,
+        0)
+        << other;
+  }
+  struct Point {
+    int tokens, top_k, experts, shared;
+    int tile_m;
+  };
+  for (const Point p :
+       {// Mixtral-8x7B (8, 2): 128 routed rows an expert at 512 tokens, 256 at 1024
+        Point{512, 2, 8, 0, 64}, Point{1024, 2, 8, 0, 128}, Point{4096, 2, 8, 0, 128},
+        // Qwen3-30B-A3B (128, 8) and Qwen2-57B-A14B (64, 8, 8 shared slots) from 256
+        Point{2048, 8, 128, 0, 64}, Point{4096, 8, 128, 0, 128}, Point{2048, 8, 64, 8, 128},
+        // MiniMax-M3 (128, 4) and DeepSeek-V3 (256, 8) at 4096: 128 rows
+        Point{4096, 4, 128, 1, 64}, Point{4096, 8, 256, 1, 64}, Point{16384, 8, 256, 1, 128}}) {
+    EXPECT_EQ(experts_grouped_tile_m(p.tokens, p.top_k, p.experts, p.shared, false,
+                                     h100.grouped_tile128_from_rows),
+              p.tile_m)
+        << p.tokens << " tokens, top " << p.top_k << " of " << p.experts;
+  }
+  // fp8 keeps its rule
+  EXPECT_EQ(experts_grouped_tile_m(2048, 8, 256, 1, true, 256), 64);
+  // and the plan reads the device's fact
+  const MoeSpec mixtral = load_spec("mixtral-8x7b");
+  const auto kernels = grouped_gemm_kernels();
+  EXPECT_EQ(kernels[plan_layer(mixtral, 4096, FuseShared::Auto, {}, h100).grouped_gate_up].tile_m,
+            128);
+  EXPECT_EQ(kernels[plan_layer(mixtral, 4096, FuseShared::Auto, {}, device_profile("sm90"))
+                        .grouped_gate_up]
+                .tile_m,
+            64);
 }
 
 TEST(PlanRules, GroupedGemmsAreTheDtypesInstancesOfTheTileOrTheSettings) {
   const auto kernels = grouped_gemm_kernels();
   for (const bool fp8 : {false, true}) {
     for (const int tokens : {512, 4096, 16384}) {
-      const GroupedGemms g = experts_grouped_gemms(tokens, 8, 256, 1, fp8, -1, -1);
+      const GroupedGemms g = experts_grouped_gemms(tokens, 8, 256, 1, fp8, 0, -1, -1);
       ASSERT_GE(g.gate_up, 0);
       EXPECT_EQ(g.gate_up, g.down) << "one instance for both GEMMs";
       EXPECT_EQ(kernels[g.gate_up].fp8, fp8);
-      EXPECT_EQ(kernels[g.gate_up].tile_m, experts_grouped_tile_m(tokens, 8, 256, 1, fp8));
+      EXPECT_EQ(kernels[g.gate_up].tile_m, experts_grouped_tile_m(tokens, 8, 256, 1, fp8, 0));
     }
   }
   const int bf16_64 = find_grouped_gemm("grouped_bf16_64x256_pingpong");
   const int bf16_128 = find_grouped_gemm("grouped_bf16_128x256_coop");
-  const GroupedGemms forced = experts_grouped_gemms(16384, 8, 256, 1, false, bf16_64, bf16_128);
+  const GroupedGemms forced = experts_grouped_gemms(16384, 8, 256, 1, false, 0, bf16_64, bf16_128);
   EXPECT_EQ(forced.gate_up, bf16_64);
   EXPECT_EQ(forced.down, bf16_128);
   const int fp8_64 = find_grouped_gemm("grouped_fp8_64x128_pingpong");
-  test::expect_error([&] { experts_grouped_gemms(4096, 8, 256, 1, false, fp8_64, -1); },
+  test::expect_error([&] { experts_grouped_gemms(4096, 8, 256, 1, false, 0, fp8_64, -1); },
                      {"grouped_fp8_64x128_pingpong takes fp8 operands", "holds bf16 experts"});
-  test::expect_error([&] { experts_grouped_gemms(4096, 8, 256, 1, true, -1, bf16_64); },
+  test::expect_error([&] { experts_grouped_gemms(4096, 8, 256, 1, true, 0, -1, bf16_64); },
                      {"down grouped GEMM", "takes bf16 operands", "holds fp8 experts"});
 }
 

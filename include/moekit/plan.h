@@ -136,9 +136,16 @@ struct DeviceInfo {
   std::string name = "sm90";
   int sms = 132;
   tuning::Arch arch = tuning::Arch::Sm90;
+  // bf16 prefill: the 128-row grouped GEMM tile from this many routed rows an expert, 0 = the
+  // tile rule alone; measured on the GPU of the name (with_measured_facts)
+  int grouped_tile128_from_rows = 0;
 };
-// "sm90" (H100/H200 SXM: 132 SMs) and "sm100" (B200: 148 SMs); throws naming the known ones.
+// "sm90" (H100/H200 SXM: 132 SMs), "h100" (sm90 with the facts measured on the H100 80GB HBM3)
+// and "sm100" (B200: 148 SMs); throws naming the known ones.
 DeviceInfo device_profile(const std::string& name);
+// `d` with the facts measured on the GPU its name names (cudaDeviceProp::name, e.g. "NVIDIA H100
+// 80GB HBM3"); a GPU measured for none keeps d's (docs/decisions/experts_grouped_gemms.md).
+DeviceInfo with_measured_facts(DeviceInfo d);
 
 // Each field forces one rule (-1: the rule decides). Filled by the caller; the library reads no
 // environment. The README's options table lists the matching MOEKIT_* variables.

@@ -46,7 +46,13 @@ double experts_grouped_padded_rows(int tokens, int top_k, int experts, int share
   return (experts * tiles + shared_tiles) * tile_m;
 }
 
-int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, bool fp8) {
+int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, bool fp8,
+                           int tile128_from_rows) {
+  if (!fp8 && tile128_from_rows > 0 &&
+      static_cast<long long>(tokens) * top_k >=
+          static_cast<long long>(tile128_from_rows) * experts) {
+    return 128;
+  }
   if (!fp8 && tokens <= kGroupedTile64UpToTokens) return 64;
   const double rows128 = experts_grouped_padded_rows(tokens, top_k, experts, shared_slots, 128);
   const double rows64 = experts_grouped_padded_rows(tokens, top_k, experts, shared_slots, 64);
@@ -54,7 +60,7 @@ int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots,
 }
 
 GroupedGemms experts_grouped_gemms(int tokens, int top_k, int experts, int shared_slots, bool fp8,
-                                   int gate_up_setting, int down_setting) {
+                                   int tile128_from_rows, int gate_up_setting, int down_setting) {
   // the instances the rule picks, by dtype and tile rows (the table must hold them)
   constexpr int kBf16Rows128 = grouped_gemm_row("grouped_bf16_128x256_coop");
   constexpr int kBf16Rows64 = grouped_gemm_row("grouped_bf16_64x256_pingpong");
@@ -62,7 +68,8 @@ GroupedGemms experts_grouped_gemms(int tokens, int top_k, int experts, int share
   constexpr int kFp8Rows64 = grouped_gemm_row("grouped_fp8_64x128_pingpong");
   static_assert(kBf16Rows128 >= 0 && kBf16Rows64 >= 0 && kFp8Rows128 >= 0 && kFp8Rows64 >= 0,
                 "a grouped GEMM instance of the rule is missing from the table");
-  const bool rows64 = experts_grouped_tile_m(tokens, top_k, experts, shared_slots, fp8) == 64;
+  const bool rows64 =
+      experts_grouped_tile_m(tokens, top_k, experts, shared_slots, fp8, tile128_from_rows) == 64;
   const int pick = fp8 ? (rows64 ? kFp8Rows64 : kFp8Rows128) : (rows64 ? kBf16Rows64 : kBf16Rows128);
   GroupedGemms g{pick, pick};
   for (const auto& [setting, out, what] :

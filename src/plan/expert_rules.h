@@ -48,8 +48,11 @@ bool experts_grouped_path_mx(int tokens, int top_k, int experts, int setting);
 // token; a 64-row tile's row costs kGroupedTile64RowCost of a 128-row tile's in bf16
 // (docs/decisions/experts_grouped_tile.md), kGroupedFp8Tile64RowCost in fp8. bf16 takes the
 // 64-row tile at any rows up to kGroupedTile64UpToTokens tokens too (measured faster at every
-// such batch of every model, also where neither tile pads).
-int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, bool fp8);
+// such batch of every model on the H200, also where neither tile pads), and the 128-row tile
+// from tile128_from_rows routed rows an expert where the device sets it (> 0; the H100:
+// DeviceInfo::grouped_tile128_from_rows).
+int experts_grouped_tile_m(int tokens, int top_k, int experts, int shared_slots, bool fp8,
+                           int tile128_from_rows);
 
 // The prefill path's grouped GEMM instances (rows of grouped_gemm_kernels()) for the gate/up
 // and the down GEMM: each setting when >= 0 (a row of the experts' dtype), else the instance of
@@ -59,7 +62,7 @@ struct GroupedGemms {
   int gate_up = -1, down = -1;
 };
 GroupedGemms experts_grouped_gemms(int tokens, int top_k, int experts, int shared_slots, bool fp8,
-                                   int gate_up_setting, int down_setting);
+                                   int tile128_from_rows, int gate_up_setting, int down_setting);
 // The expected rows a grouped GEMM computes with tiles of `tile_m` rows (the model above).
 double experts_grouped_padded_rows(int tokens, int top_k, int experts, int shared_slots,
                                    int tile_m);

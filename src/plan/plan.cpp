@@ -189,9 +189,9 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
     // arrays); the unfused shared MLP runs as the dense GEMMs beside it
     p.dense_shared = sh.has_shared && !p.fused;
     p.routing_dispatch = false;
-    const GroupedGemms gemms = experts_grouped_gemms(tokens, sh.K, sh.E, s_run, fp8,
-                                                     overrides.grouped_gate_up,
-                                                     overrides.grouped_down);
+    const GroupedGemms gemms =
+        experts_grouped_gemms(tokens, sh.K, sh.E, s_run, fp8, device.grouped_tile128_from_rows,
+                              overrides.grouped_gate_up, overrides.grouped_down);
     p.grouped_gate_up = gemms.gate_up;
     p.grouped_down = gemms.down;
     if (mx) {

@@ -106,8 +106,19 @@ std::string describe(const GroupedGemmKernel& k) {
 
 DeviceInfo device_profile(const std::string& name) {
   if (name == "sm90") return DeviceInfo{"sm90", 132, tuning::Arch::Sm90};
+  if (name == "h100") {
+    return with_measured_facts(DeviceInfo{"NVIDIA H100 80GB HBM3", 132, tuning::Arch::Sm90});
+  }
   if (name == "sm100") return DeviceInfo{"sm100", 148, tuning::Arch::Sm100};
-  MK_FAIL("unknown device profile '" << name << "' (expected sm90 or sm100)");
+  MK_FAIL("unknown device profile '" << name << "' (expected sm90, h100 or sm100)");
+}
+
+DeviceInfo with_measured_facts(DeviceInfo d) {
+  // why the H100 80GB HBM3 alone: there the 128-row cooperative instance leads the 64-row
+  // ping-pong from 256 routed rows an expert, where the H200 has the ping-pong ahead
+  // (docs/decisions/experts_grouped_gemms.md)
+  if (d.name == "NVIDIA H100 80GB HBM3") d.grouped_tile128_from_rows = 256;
+  return d;
 }
 
 namespace {
@@ -264,8 +275,10 @@ std::string to_json(const LayerPlan& p) {
   nlohmann::ordered_json j;
   j["model"] = p.model;
   j["tokens"] = p.tokens;
-  j["device"] = {
-      {"name", p.device.name}, {"sms", p.device.sms}, {"arch", tuning::arch_name(p.device.arch)}};
+  j["device"] = {{"name", p.device.name},
+                 {"sms", p.device.sms},
+                 {"arch", tuning::arch_name(p.device.arch)},
+                 {"grouped_tile128_from_rows", p.device.grouped_tile128_from_rows}};
   j["fused"] = p.fused;
   j["fuse_reason"] = p.fuse_reason;
   j["slots"] = p.slots;

@@ -1,8 +1,9 @@
-// `moekit plan --model M --batch 1,32,4096 [--fuse-shared auto|on|off] [--device-info sm90|live]
-// [--dtype bf16|fp8|mxfp4|mxfp8|config] [--json]`: which kernels a GPU forward runs at each batch
-// and why (moekit/plan.h), without a GPU unless --device-info live; the environment's plan knobs
-// apply as they do for `bench`. `moekit list-kernels`: every compiled expert-kernel instance of the
-// plan's tables (the decode kernels', then the prefill path's grouped GEMMs).
+// `moekit plan --model M --batch 1,32,4096 [--fuse-shared auto|on|off]
+// [--device-info sm90|h100|sm100|live] [--dtype bf16|fp8|mxfp4|mxfp8|config] [--json]`: which
+// kernels a GPU forward runs at each batch and why (moekit/plan.h), without a GPU unless
+// --device-info live; the environment's plan knobs apply as they do for `bench`.
+// `moekit list-kernels`: every compiled expert-kernel instance of the plan's tables (the decode
+// kernels', then the prefill path's grouped GEMMs).
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -65,7 +66,7 @@ void add_plan_commands(CLI::App& app) {
   cmd->add_option("--batch,-b", o->batches, "Token counts: '1,32,4096', '1-16'")
       ->capture_default_str();
   cmd->add_option("--fuse-shared", o->fuse, "auto|on|off")->capture_default_str();
-  cmd->add_option("--device-info", o->device_info, "sm90|sm100 (profiles) or live (the GPU)")
+  cmd->add_option("--device-info", o->device_info, "sm90|h100|sm100 (profiles) or live (the GPU)")
       ->capture_default_str();
   cmd->add_option("--dtype", o->dtype,
                   "Experts held in bf16|fp8|mxfp4|mxfp8|config (what the config declares)")

@@ -322,7 +322,7 @@ plan::DeviceInfo live_device_info(int device) {
   d.name = prop.name;
   d.sms = prop.multiProcessorCount;
   d.arch = tuning::arch_from_compute_capability(prop.major, prop.minor);
-  return d;
+  return plan::with_measured_facts(d);
 }
 
 bool available(std::string* why, int device) {
