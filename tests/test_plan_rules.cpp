@@ -271,7 +271,7 @@ TEST(PlanRules, GroupedTileIsTheMeasuredFasterOne) {
 }
 
 // docs/decisions/experts_grouped_gemms.md: on the H100 80GB HBM3 the 128-row cooperative
-// instance from 256 routed rows an expert (bf16), the H200's choice below
+// instance from 256 routed rows an expert (bf16); below, and on other GPUs, the rule above
 TEST(PlanRules, GroupedTileOfTheH100) {
   const DeviceInfo h100 = device_profile("h100");
   EXPECT_EQ(h100.grouped_tile128_from_rows, 256);
@@ -293,7 +293,8 @@ TEST(PlanRules, GroupedTileOfTheH100) {
         Point{512, 2, 8, 0, 64}, Point{1024, 2, 8, 0, 128}, Point{4096, 2, 8, 0, 128},
         // Qwen3-30B-A3B (128, 8) and Qwen2-57B-A14B (64, 8, 8 shared slots) from 256
         Point{2048, 8, 128, 0, 64}, Point{4096, 8, 128, 0, 128}, Point{2048, 8, 64, 8, 128},
-        // MiniMax-M3 (128, 4) and DeepSeek-V3 (256, 8) at 4096: 128 rows
+        // MiniMax-M3 (128, 4) and DeepSeek-V3 (256, 8) at 4096: 128 rows; DeepSeek-V3 at
+        // 16384: 512
         Point{4096, 4, 128, 1, 64}, Point{4096, 8, 256, 1, 64}, Point{16384, 8, 256, 1, 128}}) {
     EXPECT_EQ(experts_grouped_tile_m(p.tokens, p.top_k, p.experts, p.shared, false,
                                      h100.grouped_tile128_from_rows),
