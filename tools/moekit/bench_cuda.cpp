@@ -198,6 +198,7 @@ int run_bench_cuda(const BenchOptions& opt) {
   b.fuse = opt.fuse;
   b.seed = opt.seed;
   b.iterations = opt.iterations;
+  b.max_layer_sets = opt.weight_sets;
   b.trace = opt.trace;
   b.overrides = env_overrides();
   const ExpertFormat format = bench_format(load_spec(opt.model), opt.dtype);

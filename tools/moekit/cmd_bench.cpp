@@ -30,6 +30,10 @@ CLI::App* add_bench_command(CLI::App& app) {
       ->check(decimal_integer(true));
   cmd->add_option("--iterations", o->iterations, "Timed iterations (0 = automatic)")
       ->check(decimal_integer(true));
+  cmd->add_option("--weight-sets", o->weight_sets,
+                  "Distinct random layers the GPU bench rotates among (cuda; 0 = as many as "
+                  "fit; 1 keeps a profiler's kernel replay from saving them all)")
+      ->check(decimal_integer(true));
   cmd->add_option("--plot", o->plot, "Draw the batch sweep to this PNG (cuda)");
   cmd->add_flag("--json", o->json, "Print JSON records");
   cmd->add_flag("--trace", o->trace,
@@ -61,7 +65,7 @@ CLI::App* add_bench_command(CLI::App& app) {
     if (ep_bench) {
       MK_CHECK(!o->model.empty(), "bench: --model is required");
       for (const char* unused : {"--weights", "--plot", "--trace", "--threads", "--backend",
-                                 "--dtype", "--fuse-shared"}) {
+                                 "--weight-sets", "--dtype", "--fuse-shared"}) {
         MK_CHECK(cmd->count(unused) == 0,
                  "bench --ep: " << unused
                                 << " belongs to the one-GPU bench (the expert-parallel "
@@ -87,6 +91,7 @@ CLI::App* add_bench_command(CLI::App& app) {
       refuse_unused_option(*cmd, "--backend", device, "--device cpu");
     } else {
       refuse_unused_option(*cmd, "--plot", device, "--device cuda");
+      refuse_unused_option(*cmd, "--weight-sets", device, "--device cuda");
     }
     const int status = device == "cuda" ? run_bench_cuda(*o) : run_bench_cpu(*o);
     if (status != 0) throw CLI::RuntimeError(status);
