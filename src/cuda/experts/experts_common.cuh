@@ -69,15 +69,32 @@ __device__ __forceinline__ void sum_warp_partials(const float* red, int lane,
   }
 }
 
+// The biases of a lane's two output rows of an item (lane = (g, t)): gate row r0+g and up row
+// inter+r0+g (gate/up), or rows r0+g and r0+g+8 (down). Loaded once per item, before the
+// accumulators are reduced, so that their round trip overlaps the reduction's.
+struct RowBias {
+  float lo = 0.0f, hi = 0.0f;
+};
+template <bool kGateUp>
+__device__ __forceinline__ RowBias load_row_bias(const ExpertsParams& p, int expert, int r0,
+                                                 int g) {
+  RowBias b;
+  if (p.bias != nullptr) {
+    const float* bias = p.bias + expert * p.bias_expert_stride;
+    b.lo = bias[r0 + g];
+    b.hi = bias[kGateUp ? p.inter + r0 + g : r0 + g + 8];
+  }
+  return b;
+}
+
 // The item's outputs from the reduced accumulators of one warp (lane = (g, t)): h = act(gate, up)
-// in bf16 (gate/up) or the unweighted fp32 partial rows (down), bias included. acc[j] holds rows
-// (r0+g | gate, up) or (r0+g, r0+g+8) for tokens 2t, 2t+1 of n-tile j; pairs[col] is the pair
-// (row of h / partial) of the task's token col, for col < count.
+// in bf16 (gate/up) or the unweighted fp32 partial rows (down), bias (load_row_bias) included.
+// acc[j] holds rows (r0+g | gate, up) or (r0+g, r0+g+8) for tokens 2t, 2t+1 of n-tile j;
+// pairs[col] is the pair (row of h / partial) of the task's token col, for col < count.
 template <bool kGateUp, int kNT>
-__device__ __forceinline__ void store_item_outputs(const ExpertsParams& p, int expert, int r0,
-                                                   int count, const int* pairs,
-                                                   const float (&acc)[kNT][4], int g, int t) {
-  const float* bias = p.bias != nullptr ? p.bias + expert * p.bias_expert_stride : nullptr;
+__device__ __forceinline__ void store_item_outputs(const ExpertsParams& p, int r0, int count,
+                                                   const int* pairs, const float (&acc)[kNT][4],
+                                                   const RowBias& bias, int g, int t) {
 #pragma unroll
   for (int j = 0; j < kNT; ++j) {
 #pragma unroll
@@ -87,17 +104,17 @@ __device__ __forceinline__ void store_item_outputs(const ExpertsParams& p, int e
         const int pair = pairs[col];
         if constexpr (kGateUp) {
           float gate = acc[j][c], up = acc[j][2 + c];
-          if (bias != nullptr) {
-            gate += bias[r0 + g];
-            up += bias[p.inter + r0 + g];
+          if (p.bias != nullptr) {
+            gate += bias.lo;
+            up += bias.hi;
           }
           p.h[static_cast<size_t>(pair) * p.inter + r0 + g] =
               __float2bfloat16_rn(activate(p.activation, gate, up, p.limit, p.alpha, p.beta));
         } else {
           float lo = acc[j][c], hi = acc[j][2 + c];
-          if (bias != nullptr) {
-            lo += bias[r0 + g];
-            hi += bias[r0 + g + 8];
+          if (p.bias != nullptr) {
+            lo += bias.lo;
+            hi += bias.hi;
           }
           float* out = p.partial + static_cast<size_t>(pair) * p.rows + r0 + g;
           out[0] = lo;

@@ -248,9 +248,10 @@ __global__ void __launch_bounds__(kW * 32, 16 / kW) experts_kernel(const Experts
 
     // reduce across the warps that split K, in warp order; epilogue on warp 0
     if (warp == 0) {
+      const RowBias bias = load_row_bias<kGateUp>(p, ctx.task.expert, ctx.r0, g);
       sum_warp_partials<kW, kNT>(&red[0][0][0], lane, acc);
-      store_item_outputs<kGateUp, kNT>(p, ctx.task.expert, ctx.r0, ctx.task.count,
-                                        p.pair_list + ctx.task.begin, acc, g, t);
+      store_item_outputs<kGateUp, kNT>(p, ctx.r0, ctx.task.count, p.pair_list + ctx.task.begin, acc,
+                                       bias, g, t);
       // down: only warp 0 wrote partials, so only it fences them before the tile counter, and
       // before its prefetch, so that the fence does not wait on the next item's loads
       if (!kGateUp && p.tile_counters != nullptr) __threadfence();
