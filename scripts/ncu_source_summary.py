@@ -3,9 +3,13 @@
 PROFILE_SOURCE=1): per kernel, the warp instructions executed, the stall-reason mix of the warp
 samples, and the instructions with the most samples (with their execution counts, which tell the
 code's role: a consumer instruction runs once per stage and consumer warp, a producer one once per
-stage). Usage: ncu_source_summary.py FILE.csv[.gz] [top]"""
+stage), and per mbarrier (by its shared-memory offset) the waits' retries and the samples on the
+branch after each wait, which tell who waits on whom (the bulk kernels' barriers lie in the
+order full, empty, reduction full, reduction empty: experts_bulk_kernel.cuh).
+Usage: ncu_source_summary.py FILE.csv[.gz] [top]"""
 import csv
 import gzip
+import re
 import sys
 
 REASONS = ["stall_barrier", "stall_branch_resolving", "stall_dispatch", "stall_drain", "stall_imc",
@@ -57,6 +61,23 @@ def main():
         for r in sorted(rows, key=lambda r: -number(r[samples]))[:top]:
             print(f"   {100 * number(r[samples]) / total:5.1f}%  exec {number(r[executed]):>10.0f}"
                   f"  {r[1].strip()[:80]}")
+        # an mbarrier wait is a TRYWAIT then the branch taken while its phase is not complete
+        # (to a retry loop of its own TRYWAIT): the first branch's samples are the waiting
+        # (the branch within the next few instructions)
+        waits = {}
+        for i, r in enumerate(rows):
+            m = re.search(r"TRYWAIT \S+ \[[^]]*\+0x([0-9a-f]+)\]", r[1])
+            if not m:
+                continue
+            w = waits.setdefault(int(m.group(1), 16), [0.0, 0.0])
+            w[0] += number(r[executed])
+            branch = next((b for b in rows[i + 1:i + 4] if "BRA" in b[1]), None)
+            if branch is not None:
+                w[1] += number(branch[samples])
+        if waits:
+            print("   mbarrier waits (smem offset: executed, samples on the branch after it): " +
+                  ", ".join(f"0x{off:x}: {w[0]:.0f}, {100 * w[1] / total:.1f}%"
+                            for off, w in sorted(waits.items())))
 
 
 if __name__ == "__main__":
