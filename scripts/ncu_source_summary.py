@@ -3,8 +3,8 @@
 PROFILE_SOURCE=1): per kernel, the warp instructions executed, the stall-reason mix of the warp
 samples, and the instructions with the most samples (with their execution counts, which tell the
 code's role: a consumer instruction runs once per stage and consumer warp, a producer one once per
-stage), and per mbarrier (by its shared-memory offset) the waits' retries and the samples on the
-branch after each wait, which tell who waits on whom (the bulk kernels' barriers lie in the
+stage), and per mbarrier (by its shared-memory offset) the waits executed (retries included) and
+the samples on the branch after each wait, which tell who waits on whom (the bulk kernels' barriers lie in the
 order full, empty, reduction full, reduction empty: experts_bulk_kernel.cuh).
 Usage: ncu_source_summary.py FILE.csv[.gz] [top]"""
 import csv
@@ -61,9 +61,9 @@ def main():
         for r in sorted(rows, key=lambda r: -number(r[samples]))[:top]:
             print(f"   {100 * number(r[samples]) / total:5.1f}%  exec {number(r[executed]):>10.0f}"
                   f"  {r[1].strip()[:80]}")
-        # an mbarrier wait is a TRYWAIT then the branch taken while its phase is not complete
-        # (to a retry loop of its own TRYWAIT): the first branch's samples are the waiting
-        # (the branch within the next few instructions)
+        # an mbarrier wait is a TRYWAIT and, within a few instructions, the branch taken while
+        # its phase is incomplete (to a retry loop with a TRYWAIT of its own): the samples on
+        # that branch are the warps' waiting there
         waits = {}
         for i, r in enumerate(rows):
             m = re.search(r"TRYWAIT \S+ \[[^]]*\+0x([0-9a-f]+)\]", r[1])

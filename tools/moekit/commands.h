@@ -26,7 +26,7 @@ struct BenchOptions {
   int threads = 0;                // cpu only: 0 = all cores
   int iterations = 0;             // 0 = chosen by the backend
   bool trace = false;             // cuda only: print each batch's kernel timeline
-  int weight_sets = 0;  // cuda only: distinct weight sets to rotate among, 0 = all that fit
+  int weight_sets = 0;            // cuda only: random layers to rotate among, 0 = all that fit
   std::string dtype = "config";   // the experts' dtype: bf16 | fp8 | config (as declared); cpu
                                   // also mxfp4 | mxfp8
 };
