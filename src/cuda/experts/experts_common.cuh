@@ -104,6 +104,7 @@ __device__ __forceinline__ void store_item_outputs(const ExpertsParams& p, int r
         const int pair = pairs[col];
         if constexpr (kGateUp) {
           float gate = acc[j][c], up = acc[j][2 + c];
+          // (tested, not + 0.0f: adding a zero bias would turn a -0 sum into +0)
           if (p.bias != nullptr) {
             gate += bias.lo;
             up += bias.hi;
