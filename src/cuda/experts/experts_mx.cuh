@@ -75,11 +75,13 @@ __device__ __forceinline__ uint32_t mx_weight(uint32_t bits, uint32_t f, uint32_
 }
 
 // One piece pair's mma steps: lo / hi the row-g and row-g+8 pieces with their e8m0 bytes, x the
-// token's activations at the same elements (kPairs / 4 uint4). kTwoSteps: an exponent above
+// token's activations at the same elements (kPairs / 4 uint4). The even steps accumulate into
+// ce, the odd ones into co (two independent mma chains). kTwoSteps: an exponent above
 // kOneStepMax in either row (the two-multiply path).
 template <ExpertFormat F, bool kTwoSteps>
-__device__ __forceinline__ void mma_piece_mx_steps(float (&c)[4], const uint4& lo, const uint4& hi,
-                                                   uint32_t s_lo, uint32_t s_hi, const uint4* x) {
+__device__ __forceinline__ void mma_piece_mx_steps(float (&ce)[4], float (&co)[4], const uint4& lo,
+                                                   const uint4& hi, uint32_t s_lo, uint32_t s_hi,
+                                                   const uint4* x) {
   using B = MxBits<F>;
   uint32_t f_lo, f_hi, g_lo, g_hi;
   mx_factors<F, kTwoSteps>(s_lo, f_lo, g_lo);
@@ -88,7 +90,7 @@ __device__ __forceinline__ void mma_piece_mx_steps(float (&c)[4], const uint4& l
   const uint32_t lw[4] = {lo.x, lo.y, lo.z, lo.w}, hw[4] = {hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
   for (int j = 0; j < B::kPairs / 2; ++j) {
-    mma_bf16(c, mx_weight<kTwoSteps>(mx_pair_bits(F, lw, 2 * j), f_lo, g_lo),
+    mma_bf16(j % 2 == 0 ? ce : co, mx_weight<kTwoSteps>(mx_pair_bits(F, lw, 2 * j), f_lo, g_lo),
              mx_weight<kTwoSteps>(mx_pair_bits(F, hw, 2 * j), f_hi, g_hi),
              mx_weight<kTwoSteps>(mx_pair_bits(F, lw, 2 * j + 1), f_lo, g_lo),
              mx_weight<kTwoSteps>(mx_pair_bits(F, hw, 2 * j + 1), f_hi, g_hi), xw[2 * j],
@@ -97,11 +99,10 @@ __device__ __forceinline__ void mma_piece_mx_steps(float (&c)[4], const uint4& l
 }
 
 // A consumer warp's blocks of a stage: blocks u < live of kBlocks, each two pieces (q = 0, 1)
-// of rows g and g+8 with their e8m0 bytes and the token's activations; piece 0 accumulates into
-// c0, piece 1 into c1 (two independent mma chains).
+// of rows g and g+8 with their e8m0 bytes and the token's activations; piece q's even steps
+// accumulate into c[q], its odd ones into c[2 + q] (four independent mma chains).
 template <ExpertFormat F, bool kTwoSteps, int kBlocks, int kActs>
-__device__ __forceinline__ void mma_blocks_mx(float (&c0)[4], float (&c1)[4],
-                                              const uint4 (&lo)[kBlocks][2],
+__device__ __forceinline__ void mma_blocks_mx(float (&c)[4][4], const uint4 (&lo)[kBlocks][2],
                                               const uint4 (&hi)[kBlocks][2],
                                               const uint32_t (&s_lo)[kBlocks][2],
                                               const uint32_t (&s_hi)[kBlocks][2],
@@ -109,8 +110,11 @@ __device__ __forceinline__ void mma_blocks_mx(float (&c0)[4], float (&c1)[4],
 #pragma unroll
   for (int u = 0; u < kBlocks; ++u) {
     if (u < live) {
-      mma_piece_mx_steps<F, kTwoSteps>(c0, lo[u][0], hi[u][0], s_lo[u][0], s_hi[u][0], x[u][0]);
-      mma_piece_mx_steps<F, kTwoSteps>(c1, lo[u][1], hi[u][1], s_lo[u][1], s_hi[u][1], x[u][1]);
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        mma_piece_mx_steps<F, kTwoSteps>(c[q], c[2 + q], lo[u][q], hi[u][q], s_lo[u][q], s_hi[u][q],
+                                         x[u][q]);
+      }
     }
   }
 }
