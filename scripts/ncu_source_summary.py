@@ -4,8 +4,8 @@ PROFILE_SOURCE=1): per kernel, the warp instructions executed, the stall-reason 
 samples, and the instructions with the most samples (with their execution counts, which tell the
 code's role: a consumer instruction runs once per stage and consumer warp, a producer one once per
 stage), and per mbarrier (by its shared-memory offset) the waits executed (retries included) and
-the samples on the branch after each wait, which tell who waits on whom (the bulk kernels' barriers lie in the
-order full, empty, reduction full, reduction empty: experts_bulk_kernel.cuh).
+the samples on the branch after each wait, which tell who waits on whom (the bulk kernels'
+barriers lie in the order full, empty, reduction full, reduction empty: experts_bulk_kernel.cuh).
 Usage: ncu_source_summary.py FILE.csv[.gz] [top]"""
 import csv
 import gzip
