@@ -119,9 +119,22 @@ TEST(PlanRules, Fp8AtOneTokenTakesTheRingsThatCarryTheActivationAndTheScales) {
     return s;
   };
   for (const char* m : {"deepseek-v3", "kimi-k2", "minimax-m2", "deepseek-v4-flash"}) {
-    EXPECT_EQ(names(m, 1, {}), "bulk_gate_up_one_token_fp8 bulk_down_one_token_deep_fp8 ") << m;
+    // (MiniMax-M2, no shared expert and 256 experts: the gate/up kernel routes its token)
+    const std::string gate_up = std::string(m) == "minimax-m2"
+                                    ? "bulk_gate_up_one_token_fp8_self_route "
+                                    : "bulk_gate_up_one_token_fp8 ";
+    EXPECT_EQ(names(m, 1, {}), gate_up + "bulk_down_one_token_deep_fp8 ") << m;
     EXPECT_EQ(names(m, 2, {}).find("one_token"), std::string::npos) << m;
   }
+  PlanOverrides no_self_route;
+  no_self_route.self_route_tokens = 0;
+  EXPECT_EQ(names("minimax-m2", 1, no_self_route),
+            "bulk_gate_up_one_token_fp8 bulk_down_one_token_deep_fp8 ");
+  MoeSpec wide = load_spec("minimax-m2");
+  wide.num_experts = 384;  // (more than 8 experts a lane: the routing kernel routes)
+  EXPECT_TRUE(plan_layer(wide, 1, FuseShared::Auto, {}, sm90, DType::F8_E4M3).routing_kernel);
+  EXPECT_FALSE(plan_layer(load_spec("minimax-m2"), 1, FuseShared::Auto, {}, sm90, DType::F8_E4M3)
+                   .routing_kernel);
   PlanOverrides off;
   off.one_token_rings = 0;
   EXPECT_EQ(names("deepseek-v3", 1, off),

@@ -88,6 +88,8 @@ inline constexpr ExpertKernel kExpertKernels[] = {
     with_fp8(bulk("bulk_down_weights_only_deep_fp8", kDn, 1, Ring::WeightsOnlyDeep)),
     // bulk, fp8, one token: the activation row and every scale in the stage
     with_fp8(bulk("bulk_gate_up_one_token_fp8", kGU, 1, Ring::Fp8OneToken)),
+    with_self_route(
+        with_fp8(bulk("bulk_gate_up_one_token_fp8_self_route", kGU, 1, Ring::Fp8OneToken))),
     with_fp8(bulk("bulk_down_one_token_deep_fp8", kDn, 1, Ring::Fp8OneTokenDeep)),
     // bulk, OCP MX weights (W8A16 / W4A16), the ring of MX weights and their scales
     with_mx(bulk("bulk_gate_up_mxfp8", kGU, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp8),
@@ -161,9 +163,10 @@ constexpr bool legal(const ExpertKernel& k) {
       return !k.l2_keep && !k.down_tail && !k.split_rows;
     case Ring::WeightsOnly:
     case Ring::WeightsOnlyDeep:
-    case Ring::Fp8OneToken:
     case Ring::Fp8OneTokenDeep:
       return !k.split_rows && !k.half_items && !k.self_route;
+    case Ring::Fp8OneToken:
+      return !k.split_rows && !k.half_items;
     case Ring::MxWeightsOnly:
       return false;  // (MX's, above)
   }

@@ -215,6 +215,7 @@ int select_expert_kernel(const KernelChoice& c) {
                                                     c.ring == Ring::Fp8OneTokenDeep));
     k.ring = own_ring ? c.ring : Ring::WeightsOnly;
     k.fp8 = true;
+    k.self_route = gate_up && k.ring == Ring::Fp8OneToken && c.self_route;
     k.down_tail = !gate_up && c.down_tail && c.chunk == 8;
   } else if (c.chunk == 16) {
     k.ring = c.ring == Ring::WeightsOnly ? Ring::WeightsOnly : Ring::Standard;

@@ -129,12 +129,12 @@ __device__ __forceinline__ void combine_tail_outputs(const ExpertsParams& p, int
 constexpr int kTailCombineThreads = (kBulkConsumerWarps + 1) * 32;
 
 // kSelfRoute: the routing of the launch's one token by this warp (route_token, the routing
-// kernel's code: the same ids; E <= 128, so 4 experts per lane), after the wait for the router
+// kernel's code: the same ids; kPer experts a lane, E <= 32 kPer), after the wait for the router
 // GEMM. write: also the ids and weights, and through align_small the dispatch and counters the
 // down kernel reads (CTA 0's epilogue warp), else only lane j's pick j in `pick`.
+template <int kPer>
 __device__ __forceinline__ void self_route_token(const RoutingParams& p, int lane, bool write,
                                                  int* local_ids, int* pick) {
-  constexpr int kPer = 4;
   float bias[kPer];
   routing_detail::load_correction_bias<kPer>(p, lane, bias);
   routing_detail::route_token<kPer>(p, 0, lane, write, bias, local_ids, pick);

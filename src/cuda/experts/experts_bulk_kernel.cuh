@@ -43,7 +43,8 @@
 // claimed one by one, as gate/up's tail; they are combined once every CTA has counted its
 // partials written (wait_for_every_cta), by the consumer and epilogue warps of the whole grid
 // (combine_tail_outputs).
-// Self-routing gate/up (the kSelfRoute instances, one token, no shared experts, E <= 128): no
+// Self-routing gate/up (the kSelfRoute instances, one token, no shared experts, E <= 128; fp8's
+// one-token ring E <= 256): no
 // routing kernel runs; the gate/up kernel waits on the router GEMM and routes its token itself
 // (docs/decisions/experts_self_route.md).
 // Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
@@ -85,7 +86,8 @@ namespace moekit::cuda::experts_detail {
 // (ExpertsParams::half_items_per_cta): 4 of the tile's 8 h rows, i.e. 8 of its 16 weight rows,
 // copied to their usual stage rows (the others hold stale bytes: their mma rows are computed
 // and not stored), so the CTAs' last claims are half as long.
-// kSelfRoute (gate/up at one token, ExpertsParams::self_route): no routing kernel ran; every
+// kSelfRoute (gate/up at one token, ExpertsParams::self_route; kFp8: 8 experts a lane, else 4):
+// no routing kernel ran; every
 // CTA's producers route the token from the logits (self_route_token) and look their items up in
 // the lists that implies, and CTA 0's epilogue warp writes the routing and the dispatch for the
 // down kernel. Its dynamic tail claims from a counter of its own, which its last CTA to finish
@@ -119,12 +121,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   constexpr bool kFp8OneToken =
       kRing == plan::Ring::Fp8OneToken || kRing == plan::Ring::Fp8OneTokenDeep;
   static_assert(
-      !kFp8 || ((kRing == plan::Ring::WeightsOnly ||
-                 ((kRing == plan::Ring::WeightsOnlyDeep || kRing == plan::Ring::Fp8OneTokenDeep) &&
-                  kMode == kBulkDown && kNT == 1 && !kTail) ||
-                 (kRing == plan::Ring::Fp8OneToken && kMode == kBulkGateUp && kNT == 1 &&
-                  !kHalves && !kSelfRoute)) &&
-                !kKeep),
+      !kFp8 ||
+          ((kRing == plan::Ring::WeightsOnly ||
+            ((kRing == plan::Ring::WeightsOnlyDeep || kRing == plan::Ring::Fp8OneTokenDeep) &&
+             kMode == kBulkDown && kNT == 1 && !kTail) ||
+            (kRing == plan::Ring::Fp8OneToken && kMode == kBulkGateUp && kNT == 1 && !kHalves)) &&
+           !kKeep),
       "kFp8: the rings of weights only (the deep one: down, one n-tile, no tail) and "
       "the fp8 one-token rings, without the L2 keep");
   static_assert((kRing != plan::Ring::WeightsOnlyDeep && !kFp8OneToken) || kFp8,
