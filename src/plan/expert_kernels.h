@@ -93,8 +93,12 @@ inline constexpr ExpertKernel kExpertKernels[] = {
     with_fp8(bulk("bulk_down_one_token_deep_fp8", kDn, 1, Ring::Fp8OneTokenDeep)),
     // bulk, OCP MX weights (W8A16 / W4A16), the ring of MX weights and their scales
     with_mx(bulk("bulk_gate_up_mxfp8", kGU, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp8),
+    with_self_route(with_mx(bulk("bulk_gate_up_mxfp8_self_route", kGU, 1, Ring::MxWeightsOnly),
+                            ExpertFormat::Mxfp8)),
     with_mx(bulk("bulk_down_mxfp8", kDn, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp8),
     with_mx(bulk("bulk_gate_up_mxfp4", kGU, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp4),
+    with_self_route(with_mx(bulk("bulk_gate_up_mxfp4_self_route", kGU, 1, Ring::MxWeightsOnly),
+                            ExpertFormat::Mxfp4)),
     with_mx(bulk("bulk_down_mxfp4", kDn, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp4),
     // registers
     regs("regs_gate_up", kGU, Stream::Registers, 1, 5),
@@ -129,11 +133,12 @@ constexpr bool legal(const ExpertKernel& k) {
            k.unroll >= 1 && (k.warps == 8 || k.warps == 4);
   }
   const bool gu = k.gemm == Gemm::GateUp;
-  // MX: its own ring, one n-tile, none of the other options; the ring is MX's alone
+  // MX: its own ring, one n-tile, no other option but the self-routing gate/up; the ring is
+  // MX's alone
   const bool mx = k.mx != ExpertFormat::Bf16;
   if (mx || k.ring == Ring::MxWeightsOnly) {
     return mx && k.ring == Ring::MxWeightsOnly && k.n_tiles == 1 && !k.fp8 && !k.split_rows &&
-           !k.l2_keep && !k.down_tail && !k.half_items && !k.self_route &&
+           !k.l2_keep && !k.down_tail && !k.half_items && (gu || !k.self_route) &&
            (k.mx == ExpertFormat::Mxfp8 || k.mx == ExpertFormat::Mxfp4);
   }
   // fp8: the rings of weights only (the deep one: down, one n-tile, no tail) and the fp8

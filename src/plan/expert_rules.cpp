@@ -208,6 +208,7 @@ int select_expert_kernel(const KernelChoice& c) {
   } else if (c.mx != ExpertFormat::Bf16) {
     k.ring = Ring::MxWeightsOnly;
     k.mx = c.mx;
+    k.self_route = gate_up && c.self_route;
   } else if (c.fp8) {
     const bool own_ring =
         c.chunk == 8 && (gate_up ? c.ring == Ring::Fp8OneToken

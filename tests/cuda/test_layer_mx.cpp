@@ -169,6 +169,45 @@ TEST(GpuMx, GraphReplayEqualsTheEagerForward) {
   }
 }
 
+// No routing kernel at one token on the MX gate/up kernels (self_route_tokens=1, no shared
+// expert, E <= 128: gpt-oss in both formats): the gate/up kernel routes its token and its CTA 0
+// writes the dispatch. Against the routing kernel's path bit for bit and the CPU reference, two
+// forwards at one token, one at 9 tokens, one token again.
+TEST(GpuMx, SelfRoutedGateUpAtOneToken) {
+  const ExpertFormat formats[] = {ExpertFormat::Mxfp4, ExpertFormat::Mxfp8};
+  cuda::GpuLayerOptions on = path_options(9, false), off = on;
+  on.overrides.self_route_tokens = 1;
+  off.overrides.self_route_tokens = 0;
+  for (const ExpertFormat f : formats) {
+    const MoeSpec spec = case_spec({"gpt-oss-120b", f, 320, 192, 16, 0});
+    const std::string name = expert_format_name(f);
+    auto plan_with = [&](const cuda::GpuLayerOptions& o) {
+      return plan::plan_layer(spec, 1, FuseShared::Auto, o.overrides, plan::device_profile("sm90"),
+                              DType::BF16, f);
+    };
+    EXPECT_FALSE(plan_with(on).routing_kernel) << name;
+    EXPECT_TRUE(plan_with(off).routing_kernel) << name;
+    EXPECT_EQ(plan_kernel_names(plan_with(on)).front(), "bulk_gate_up_" + name + "_self_route");
+  }
+  SKIP_WITHOUT_GPU();
+  for (const ExpertFormat f : formats) {
+    const MoeSpec spec = case_spec({"gpt-oss-120b", f, 320, 192, 16, 0});
+    const auto w = mx_layer(spec, f, 17, "mx-self-route");
+    const auto routed_here = cuda::GpuMoeLayer::create(*w, on);
+    const auto routed_before = cuda::GpuMoeLayer::create(*w, off);
+    for (int tokens : {1, 1, 9, 1}) {
+      const std::string what =
+          "gpt-oss " + std::string(expert_format_name(f)) + " T=" + std::to_string(tokens);
+      const std::vector<Bf16> x = random_x(tokens, spec.hidden, 60 + tokens);
+      const ForwardResult g = routed_here->forward(x.data(), tokens, FuseShared::Auto);
+      expect_routing_matches_cpu(spec, *w, routed_here->last_logits(tokens), g, what);
+      expect_layer_matches(spec, tokens, g,
+                           cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto), what);
+      EXPECT_EQ(routed_before->forward(x.data(), tokens, FuseShared::Auto).y, g.y) << what;
+    }
+  }
+}
+
 // Small shapes for the sanitizers: both formats from checkpoints on both paths, and the bench's
 // random MX layers (made on the GPU: codes and one exponent per matrix), whose y is finite and
 // not zero.

@@ -133,9 +133,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
                 "the deep ring of weights only and the one-token rings with scales: fp8's");
   constexpr bool kMxOn = kMx != ExpertFormat::Bf16;
   static_assert((kRing == plan::Ring::MxWeightsOnly) == kMxOn &&
-                    (!kMxOn || (kNT == 1 && !kFp8 && !kSplitRows && !kKeep && !kTail && !kHalves &&
-                                !kSelfRoute)),
-                "kMx: the MX ring's, one n-tile, no other option");
+                    (!kMxOn || (kNT == 1 && !kFp8 && !kSplitRows && !kKeep && !kTail && !kHalves)),
+                "kMx: the MX ring's, one n-tile, no other option but the self-routing gate/up");
   static_assert(!kMxOn || BulkShape<kNT, kRing>::kChunkBlocks * 128 == kMxChunkBytes,
                 "kMx: the ring's chunk is the layout's (experts_mx_layout.h)");
   constexpr bool kHasGateUp = kMode != kBulkDown;
