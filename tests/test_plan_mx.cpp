@@ -34,8 +34,12 @@ TEST(PlanMx, DecodeBatchesRunTheMxInstancesOnTasksOf8) {
     EXPECT_EQ(gpt.chunk, 8) << tokens;
     EXPECT_EQ(gpt.mx, ExpertFormat::Mxfp4);
     EXPECT_FALSE(gpt.fused);  // (no shared expert)
-    EXPECT_EQ(kernel_names(gpt), "bulk_gate_up_mxfp4 bulk_down_mxfp4 ") << tokens;
-    EXPECT_EQ(own_launches(gpt), 4) << tokens;  // router, routing, two expert kernels
+    // (one token: the gate/up kernel routes it, no routing kernel: experts_self_route.md)
+    EXPECT_EQ(kernel_names(gpt), tokens == 1 ? "bulk_gate_up_mxfp4_self_route bulk_down_mxfp4 "
+                                             : "bulk_gate_up_mxfp4 bulk_down_mxfp4 ")
+        << tokens;
+    // router, routing, two expert kernels
+    EXPECT_EQ(own_launches(gpt), tokens == 1 ? 3 : 4) << tokens;
     const LayerPlan m3 = mx_plan("minimax-m3", tokens, ExpertFormat::Mxfp8);
     EXPECT_TRUE(m3.fused) << tokens;
     EXPECT_EQ(m3.slots, 5) << tokens;  // top-4 + the shared expert's one slot
