@@ -170,16 +170,20 @@ TEST(GpuMx, GraphReplayEqualsTheEagerForward) {
 }
 
 // No routing kernel at one token on the MX gate/up kernels (self_route_tokens=1, no shared
-// expert, E <= 128: gpt-oss in both formats): the gate/up kernel routes its token and its CTA 0
-// writes the dispatch. Against the routing kernel's path bit for bit and the CPU reference, two
-// forwards at one token, one at 9 tokens, one token again.
+// expert, E <= 128: gpt-oss in MXFP4, Qwen3-30B-A3B's family in MXFP8, the formats their
+// checkpoints are written in): the gate/up kernel routes its token and its CTA 0 writes the
+// dispatch. Against the routing kernel's path bit for bit and the CPU reference, two forwards at
+// one token, one at 9 tokens, one token again.
 TEST(GpuMx, SelfRoutedGateUpAtOneToken) {
-  const ExpertFormat formats[] = {ExpertFormat::Mxfp4, ExpertFormat::Mxfp8};
+  const MxCase cases[] = {{"gpt-oss-120b", ExpertFormat::Mxfp4, 320, 192, 16, 0},
+                          {"qwen3-30b-a3b", ExpertFormat::Mxfp8, 256, 128, 16, 0}};
   cuda::GpuLayerOptions on = path_options(9, false), off = on;
   on.overrides.self_route_tokens = 1;
   off.overrides.self_route_tokens = 0;
-  for (const ExpertFormat f : formats) {
-    const MoeSpec spec = case_spec({"gpt-oss-120b", f, 320, 192, 16, 0});
+  std::vector<std::unique_ptr<LayerWeights>> weights;
+  for (const MxCase& c : cases) {
+    const MoeSpec spec = case_spec(c);
+    const ExpertFormat f = c.format;
     const std::string name = expert_format_name(f);
     auto plan_with = [&](const cuda::GpuLayerOptions& o) {
       return plan::plan_layer(spec, 1, FuseShared::Auto, o.overrides, plan::device_profile("sm90"),
@@ -188,16 +192,20 @@ TEST(GpuMx, SelfRoutedGateUpAtOneToken) {
     EXPECT_FALSE(plan_with(on).routing_kernel) << name;
     EXPECT_TRUE(plan_with(off).routing_kernel) << name;
     EXPECT_EQ(plan_kernel_names(plan_with(on)).front(), "bulk_gate_up_" + name + "_self_route");
+    weights.push_back(mx_layer(spec, f, 17, "mx-self-route-" + name));
+    ASSERT_EQ(weights.back()->expert_format(), f);
   }
   SKIP_WITHOUT_GPU();
-  for (const ExpertFormat f : formats) {
-    const MoeSpec spec = case_spec({"gpt-oss-120b", f, 320, 192, 16, 0});
-    const auto w = mx_layer(spec, f, 17, "mx-self-route");
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const MxCase& c = cases[i];
+    const MoeSpec spec = case_spec(c);
+    const ExpertFormat f = c.format;
+    const auto& w = weights[i];
     const auto routed_here = cuda::GpuMoeLayer::create(*w, on);
     const auto routed_before = cuda::GpuMoeLayer::create(*w, off);
     for (int tokens : {1, 1, 9, 1}) {
       const std::string what =
-          "gpt-oss " + std::string(expert_format_name(f)) + " T=" + std::to_string(tokens);
+          std::string(c.model) + " " + expert_format_name(f) + " T=" + std::to_string(tokens);
       const std::vector<Bf16> x = random_x(tokens, spec.hidden, 60 + tokens);
       const ForwardResult g = routed_here->forward(x.data(), tokens, FuseShared::Auto);
       expect_routing_matches_cpu(spec, *w, routed_here->last_logits(tokens), g, what);

@@ -12,15 +12,15 @@ cd "$(dirname "$0")/../../../.."
 export PATH="$PATH:/usr/local/cuda/bin" MOEKIT_CONFIG_DIR=$PWD/configs
 R=$OUT/r; mkdir -p $R
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-left() { local l=$(( 400 - ($(date +%s) - t0) )); [ $l -lt 1 ] && l=1; [ $l -gt $1 ] && l=$1; echo $l; }
+left() { local l=$(( 300 - ($(date +%s) - t0) )); [ $l -lt 1 ] && l=1; [ $l -gt $1 ] && l=$1; echo $l; }
 pack() { tar -C $R -czf $OUT/results.tar.gz .; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee $R/gpu.txt
 for v in main new; do mkdir -p /tmp/$v; tar -xJf build-carry/$v.tar.xz -C /tmp/$v; done
 T=/tmp/new/moekit_cuda_tests
-timeout -k 5 $(left 100) $T --gtest_filter='GpuFp8*:GpuMx*:EngineFp8Gpu*:EngineMx*:EveryInstance/*fp8*:EveryInstance/*mx*:EveryInstance/*self_route*:GpuLayerSmall.SelfRouted*:GpuLayerSmall.OneTokenRings' > $R/new_gpu_tests.txt 2>&1; stamp "new tests rc=$?"
+timeout -k 5 $(left 80) $T --gtest_filter='GpuFp8*:GpuMx*:EngineFp8Gpu*:EngineMx*:EveryInstance/*fp8*:EveryInstance/*mx*:EveryInstance/*self_route*:GpuLayerSmall.SelfRouted*:GpuLayerSmall.OneTokenRings' > $R/new_gpu_tests.txt 2>&1; stamp "new tests rc=$?"
 grep -E "^\[  PASSED|^\[  FAILED|FAILED  \]" $R/new_gpu_tests.txt | head
 for tool in memcheck racecheck; do
-  timeout -k 5 $(left 60) compute-sanitizer --tool $tool $T --gtest_filter='GpuFp8.SelfRouted*:GpuMx.SelfRouted*' > $R/new_$tool.txt 2>&1; stamp "$tool rc=$?"
+  timeout -k 5 $(left 45) compute-sanitizer --tool $tool $T --gtest_filter='GpuFp8.SelfRouted*:GpuMx.SelfRouted*' > $R/new_$tool.txt 2>&1; stamp "$tool rc=$?"
   tail -2 $R/new_$tool.txt
 done
 pack
