@@ -43,10 +43,9 @@
 // claimed one by one, as gate/up's tail; they are combined once every CTA has counted its
 // partials written (wait_for_every_cta), by the consumer and epilogue warps of the whole grid
 // (combine_tail_outputs).
-// Self-routing gate/up (the kSelfRoute instances, one token, no shared experts, E <= 128; fp8's
-// one-token ring E <= 256): no
-// routing kernel runs; the gate/up kernel waits on the router GEMM and routes its token itself
-// (docs/decisions/experts_self_route.md).
+// Self-routing gate/up (the kSelfRoute instances: one token, no shared experts, E <= 128, or
+// E <= 256 in fp8's one-token ring): no routing kernel runs; the gate/up kernel waits on the
+// router GEMM and routes its token itself (docs/decisions/experts_self_route.md).
 // Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
 #pragma once
 
@@ -86,9 +85,9 @@ namespace moekit::cuda::experts_detail {
 // (ExpertsParams::half_items_per_cta): 4 of the tile's 8 h rows, i.e. 8 of its 16 weight rows,
 // copied to their usual stage rows (the others hold stale bytes: their mma rows are computed
 // and not stored), so the CTAs' last claims are half as long.
-// kSelfRoute (gate/up at one token, ExpertsParams::self_route; kFp8: 8 experts a lane, else 4):
-// no routing kernel ran; every
-// CTA's producers route the token from the logits (self_route_token) and look their items up in
+// kSelfRoute (gate/up at one token, ExpertsParams::self_route): no routing kernel ran; every
+// CTA's producers route the token from the logits (self_route_token: 8 experts a lane with kFp8,
+// else 4; the bf16, fp8 one-token and MX gate/up kernels) and look their items up in
 // the lists that implies, and CTA 0's epilogue warp writes the routing and the dispatch for the
 // down kernel. Its dynamic tail claims from a counter of its own, which its last CTA to finish
 // claiming zeroes (the dispatch, which zeroes the others, is written while it runs).
