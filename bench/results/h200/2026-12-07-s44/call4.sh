@@ -7,7 +7,9 @@
 # one token with its in-kernel h quantisation off, the shared expert's down rows prefetched into
 # L2 or not (MOEKIT_EXPERTS_SHARED_DOWN_L2=1 / 0), DeepSeek-V3 and Kimi-K2 fp8, two rounds: on the
 # H200 the shared items may leave the stream idle during the routing, unlike the H100 (run 2).
-# Carry build-carry/{main,l2}.tar.xz (main: moekit and moekit_cuda_tests; l2: moekit).
+# And main against the tree before the self-routing fp8 and MX kernels ("base", 3b2436d) at one
+# token on MiniMax-M2 fp8 and gpt-oss-120b MXFP4, two rounds, alternating.
+# Carry build-carry/{main,l2,base}.tar.xz (main: moekit and moekit_cuda_tests; l2, base: moekit).
 set -uo pipefail
 cd "$(dirname "$0")/../../../.."
 export PATH="$PATH:/usr/local/cuda/bin" MOEKIT_CONFIG_DIR=$PWD/configs
@@ -16,7 +18,7 @@ t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 left() { local l=$(( 400 - ($(date +%s) - t0) )); [ $l -lt 1 ] && l=1; [ $l -gt $1 ] && l=$1; echo $l; }
 pack() { tar -C $R -czf $OUT/results.tar.gz .; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee $R/gpu.txt
-for v in main l2; do mkdir -p /tmp/$v; tar -xJf build-carry/$v.tar.xz -C /tmp/$v; done
+for v in main l2 base; do mkdir -p /tmp/$v; tar -xJf build-carry/$v.tar.xz -C /tmp/$v; done
 T=/tmp/main/moekit_cuda_tests
 timeout -k 5 $(left 60) $T --gtest_filter='GpuMx.SelfRouted*:GpuFp8.SelfRouted*:EveryInstance/*self_route*' > $R/gpu_tests.txt 2>&1; stamp "tests rc=$?"
 grep -E "^\[  PASSED|^\[  FAILED|FAILED  \]" $R/gpu_tests.txt
@@ -40,6 +42,11 @@ pack
 for i in 1 2; do for m in deepseek-v3 kimi-k2; do for l2 in 0 1; do
   bench ab${i}_l2-${l2}_$m 20 MOEKIT_EXPERTS_H_IN_DOWN=0 MOEKIT_EXPERTS_SHARED_DOWN_L2=$l2 l2 --device cuda --model $m --dtype fp8 --batch 1 --iterations 30
 done; done; pack; done
+for i in 1 2; do for v in base main; do
+  bench sr${i}_${v}_minimax-m2 20 $v --device cuda --model minimax-m2 --dtype fp8 --batch 1 --iterations 30
+  bench sr${i}_${v}_gpt-oss-120b 20 $v --device cuda --model gpt-oss-120b --dtype mxfp4 --batch 1 --iterations 30
+done; done
+pack
 bench trace_l2-1_deepseek-v3 20 MOEKIT_EXPERTS_H_IN_DOWN=0 l2 --device cuda --model deepseek-v3 --dtype fp8 --batch 1 --iterations 20 --trace
 bench trace_l2-0_deepseek-v3 20 MOEKIT_EXPERTS_H_IN_DOWN=0 MOEKIT_EXPERTS_SHARED_DOWN_L2=0 l2 --device cuda --model deepseek-v3 --dtype fp8 --batch 1 --iterations 20 --trace
 stamp done
