@@ -14,6 +14,7 @@
 # small-layer GPU tests, memcheck and racecheck on the self-route tests, and srs against main at
 # one token on DeepSeek-V3 and GLM-4.5 fp8, MiniMax-M3 MXFP8, Qwen2-57B-A14B and
 # DeepSeek-V2-Lite bf16, two rounds, alternating, with srs's DeepSeek-V3 fp8 timeline.
+# Then ncu's samples of main's MiniMax-M2 fp8 kernels at one token (any GPU).
 # Carry build-carry/{main,l2,base,srs}.tar.xz (main, srs: moekit and moekit_cuda_tests; l2,
 # base: moekit).
 set -uo pipefail
@@ -53,6 +54,17 @@ for i in 1 2; do for v in main srs; do
   done
 done; pack; done
 bench trace_srs_deepseek-v3_fp8 20 srs --device cuda --model deepseek-v3 --dtype fp8 --batch 1 --iterations 20 --trace
+pack
+# ncu's per-instruction samples of main's MiniMax-M2 fp8 kernels at one token: its gate/up stream
+# runs at ~72% of the H100's read bandwidth (run 3's timeline) with one 48 KB stage an item
+( timeout -k 5 $(left 90) ncu --clock-control none -k regex:experts_bulk --launch-skip 8 --launch-count 2 \
+    --section SourceCounters --section WarpStateStats --page source --csv --print-source sass \
+    /tmp/main/moekit bench --device cuda --model minimax-m2 --dtype fp8 --batch 1 --iterations 2 \
+    --weight-sets 1 ) > $R/ncusrc_main_minimax-m2_fp8_1.csv 2>&1
+stamp "ncu rc=$?"
+pkill -9 -x moekit
+python3 scripts/ncu_source_summary.py $R/ncusrc_main_minimax-m2_fp8_1.csv 25 > $R/ncusrc_main_minimax-m2_fp8_1.txt 2>&1
+gzip $R/ncusrc_main_minimax-m2_fp8_1.csv
 pack
 grep -q H200 $R/gpu.txt || exit 0
 for md in deepseek-v3:fp8 kimi-k2:fp8 minimax-m2:fp8 gpt-oss-120b:mxfp4 minimax-m3:mxfp8; do
