@@ -56,7 +56,7 @@ done; pack; done
 bench trace_srs_deepseek-v3_fp8 20 srs --device cuda --model deepseek-v3 --dtype fp8 --batch 1 --iterations 20 --trace
 pack
 # ncu's per-instruction samples of main's MiniMax-M2 fp8 kernels at one token: its gate/up stream
-# runs at ~72% of the H100's read bandwidth (run 3's timeline) with one 48 KB stage an item
+# streams at ~0.77 of the H100's read probe (75.5 MB in ~31 us, run 3's timeline), a 48 KB stage an item
 ( timeout -k 5 $(left 90) ncu --clock-control none -k regex:experts_bulk --launch-skip 8 --launch-count 2 \
     --section SourceCounters --section WarpStateStats --page source --csv --print-source sass \
     /tmp/main/moekit bench --device cuda --model minimax-m2 --dtype fp8 --batch 1 --iterations 2 \
