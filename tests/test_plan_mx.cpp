@@ -44,7 +44,9 @@ TEST(PlanMx, DecodeBatchesRunTheMxInstancesOnTasksOf8) {
     EXPECT_TRUE(m3.fused) << tokens;
     EXPECT_EQ(m3.slots, 5) << tokens;  // top-4 + the shared expert's one slot
     EXPECT_FALSE(m3.dense_shared);
+    // (one token too: MX with a shared expert keeps its routing kernel, experts_self_route.md)
     EXPECT_EQ(kernel_names(m3), "bulk_gate_up_mxfp8 bulk_down_mxfp8 ") << tokens;
+    EXPECT_TRUE(m3.routing_kernel) << tokens;
   }
   const LayerPlan p = mx_plan("minimax-m3", 32, ExpertFormat::Mxfp8);
   EXPECT_NE(describe(p).find("mxfp8 w8a16"), std::string::npos) << describe(p);

@@ -119,8 +119,9 @@ TEST(PlanRules, Fp8AtOneTokenTakesTheRingsThatCarryTheActivationAndTheScales) {
     return s;
   };
   for (const char* m : {"deepseek-v3", "kimi-k2", "minimax-m2", "deepseek-v4-flash"}) {
-    // (MiniMax-M2, no shared expert and 256 experts: the gate/up kernel routes its token)
-    const std::string gate_up = std::string(m) == "minimax-m2"
+    // (E <= 256, the shared expert fused or none: the gate/up kernel routes its token; Kimi-K2's
+    // 384 experts are more than 8 a lane)
+    const std::string gate_up = std::string(m) != "kimi-k2"
                                     ? "bulk_gate_up_one_token_fp8_self_route "
                                     : "bulk_gate_up_one_token_fp8 ";
     EXPECT_EQ(names(m, 1, {}), gate_up + "bulk_down_one_token_deep_fp8 ") << m;
@@ -135,6 +136,14 @@ TEST(PlanRules, Fp8AtOneTokenTakesTheRingsThatCarryTheActivationAndTheScales) {
   EXPECT_TRUE(plan_layer(wide, 1, FuseShared::Auto, {}, sm90, DType::F8_E4M3).routing_kernel);
   EXPECT_FALSE(plan_layer(load_spec("minimax-m2"), 1, FuseShared::Auto, {}, sm90, DType::F8_E4M3)
                    .routing_kernel);
+  EXPECT_TRUE(plan_layer(load_spec("kimi-k2"), 1, FuseShared::Auto, {}, sm90, DType::F8_E4M3)
+                  .routing_kernel);
+  for (const char* m : {"deepseek-v3", "glm-4.5", "deepseek-v4-flash"}) {
+    const LayerPlan p = plan_layer(load_spec(m), 1, FuseShared::Auto, {}, sm90, DType::F8_E4M3);
+    EXPECT_TRUE(p.fused) << m;  // (fp8: the shared expert always fused)
+    EXPECT_FALSE(p.routing_kernel) << m;
+    EXPECT_EQ(p.experts.front().early_shared, load_spec(m).shared_slots()) << m;
+  }
   PlanOverrides off;
   off.one_token_rings = 0;
   EXPECT_EQ(names("deepseek-v3", 1, off),

@@ -112,46 +112,56 @@ TEST(GpuFp8, DecodeMatchesTheCpuReferenceW8A8) {
   }
 }
 
-// No routing kernel at one token in the fp8 one-token gate/up ring (self_route_tokens=1, no
-// shared expert, E <= 256: MiniMax-M2's family with 192 experts, 6 a lane): the gate/up kernel
-// routes its token and its CTA 0 writes the dispatch. Against the routing kernel's path bit for
-// bit and the CPU reference, two forwards at one token (the second claims from the counter the
-// first left zeroed), one at 9 tokens, one token again; 5 launches at one token, 6 at two.
+// No routing kernel at one token in the fp8 one-token gate/up ring (self_route_tokens=1, E <=
+// 256): the gate/up kernel routes its token and its CTA 0 writes the dispatch. MiniMax-M2's
+// family with 192 experts (no shared expert, 6 a lane) and DeepSeek-V3's with its 256 experts in
+// groups of 8 and the shared expert fused (its slot's task after the routed ones, issued before
+// the wait). Against the routing kernel's path bit for bit and the CPU reference, two forwards
+// at one token (the second claims from the counter the first left zeroed), one at 9 tokens, one
+// token again; 5 launches at one token, 6 at two.
 TEST(GpuFp8, SelfRoutedGateUpAtOneToken) {
   O base = plan::plan_overrides_from_env();
   base.grouped_from_tokens = 0;
   O on = base, off = base;
   on.self_route_tokens = 1;
   off.self_route_tokens = 0;
-  const MoeSpec spec = shrunk_spec("minimax-m2", 512, 128, 192);
-  ASSERT_EQ(spec.shared_slots(), 0);
-  auto gate_up = [&](const O& o) {
-    return std::string(
-        plan::expert_kernels()[sm90_fp8_plan(spec, 1, o).experts.front().kernel].name);
-  };
-  EXPECT_EQ(gate_up(on), "bulk_gate_up_one_token_fp8_self_route");
-  EXPECT_EQ(gate_up(off), "bulk_gate_up_one_token_fp8");
-  EXPECT_FALSE(sm90_fp8_plan(spec, 1, on).routing_kernel);
-  EXPECT_TRUE(sm90_fp8_plan(spec, 1, off).routing_kernel);
-  EXPECT_EQ(plan::own_launches(sm90_fp8_plan(spec, 1, on)), 5);
-  EXPECT_EQ(plan::own_launches(sm90_fp8_plan(spec, 2, on)), 6);
+  const MoeSpec specs[] = {shrunk_spec("minimax-m2", 512, 128, 192),
+                           shrunk_spec("deepseek-v3", 512, 128, 256)};
+  ASSERT_EQ(specs[0].shared_slots(), 0);
+  ASSERT_EQ(specs[1].shared_slots(), 1);
+  for (const MoeSpec& spec : specs) {
+    auto gate_up = [&](const O& o) {
+      return std::string(
+          plan::expert_kernels()[sm90_fp8_plan(spec, 1, o).experts.front().kernel].name);
+    };
+    EXPECT_EQ(gate_up(on), "bulk_gate_up_one_token_fp8_self_route") << spec.name;
+    EXPECT_EQ(gate_up(off), "bulk_gate_up_one_token_fp8") << spec.name;
+    EXPECT_FALSE(sm90_fp8_plan(spec, 1, on).routing_kernel) << spec.name;
+    EXPECT_TRUE(sm90_fp8_plan(spec, 1, off).routing_kernel) << spec.name;
+    EXPECT_EQ(sm90_fp8_plan(spec, 1, on).experts.front().early_shared, spec.shared_slots());
+    EXPECT_EQ(plan::own_launches(sm90_fp8_plan(spec, 1, on)), 5) << spec.name;
+    EXPECT_EQ(plan::own_launches(sm90_fp8_plan(spec, 2, on)), 6) << spec.name;
+  }
   SKIP_WITHOUT_GPU();
-  const auto w = fp8_layer(spec, 13, "self_route");
-  cuda::GpuLayerOptions opt = base_options(9);
-  opt.overrides = on;
-  const auto routed_here = cuda::GpuMoeLayer::create(*w, opt);
-  opt.overrides = off;
-  const auto routed_before = cuda::GpuMoeLayer::create(*w, opt);
-  EXPECT_EQ(routed_here->count_launches(1, false).kernels, 5);
-  for (int tokens : {1, 1, 9, 1}) {
-    const std::string what = "MiniMax-M2 fp8 T=" + std::to_string(tokens) + " self_route_tokens=1";
-    const std::vector<Bf16> x = random_x(tokens, spec.hidden, 50 + tokens);
-    const ForwardResult g = routed_here->forward(x.data(), tokens, FuseShared::Auto);
-    expect_routing_matches_cpu(spec, *w, routed_here->last_logits(tokens), g, what);
-    expect_layer_matches(
-        spec, tokens, g,
-        cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto, Fp8Compute::W8A8), what);
-    EXPECT_EQ(routed_before->forward(x.data(), tokens, FuseShared::Auto).y, g.y) << what;
+  for (const MoeSpec& spec : specs) {
+    const auto w = fp8_layer(spec, 13, "self_route");
+    cuda::GpuLayerOptions opt = base_options(9);
+    opt.overrides = on;
+    const auto routed_here = cuda::GpuMoeLayer::create(*w, opt);
+    opt.overrides = off;
+    const auto routed_before = cuda::GpuMoeLayer::create(*w, opt);
+    EXPECT_EQ(routed_here->count_launches(1, spec.shared_slots() > 0).kernels, 5) << spec.name;
+    for (int tokens : {1, 1, 9, 1}) {
+      const std::string what =
+          spec.name + " fp8 T=" + std::to_string(tokens) + " self_route_tokens=1";
+      const std::vector<Bf16> x = random_x(tokens, spec.hidden, 50 + tokens);
+      const ForwardResult g = routed_here->forward(x.data(), tokens, FuseShared::Auto);
+      expect_routing_matches_cpu(spec, *w, routed_here->last_logits(tokens), g, what);
+      expect_layer_matches(
+          spec, tokens, g,
+          cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto, Fp8Compute::W8A8), what);
+      EXPECT_EQ(routed_before->forward(x.data(), tokens, FuseShared::Auto).y, g.y) << what;
+    }
   }
 }
 

@@ -293,5 +293,37 @@ TEST(GpuLayerSmall, SelfRoutedGateUpAtOneToken) {
   }
 }
 
+// The same with the shared experts fused (FuseShared::On; the producers issue the shared slots'
+// tasks before the wait, the routed ones after their own routing): a gated shared expert
+// (Qwen2-57B: the gate logit's sigmoid in its slot weight), two shared slots (DeepSeek-V2-Lite),
+// groups of 16 experts with a correction bias (DeepSeek-V3's family). Unfused, the routing
+// kernel runs (the shared MLP's launches read its shared_scale and tasks).
+TEST(GpuLayerSmall, SelfRoutedGateUpWithFusedSharedExperts) {
+  const cuda::GpuLayerOptions opt = base_options(9);
+  const O off = with(bulk(opt.overrides), &O::self_route_tokens, 0);
+  const O on = with(bulk(opt.overrides), &O::self_route_tokens, 1);
+  const char* const models[] = {"qwen2-57b-a14b", "deepseek-v2-lite", "deepseek-v3"};
+  for (const char* model : models) {
+    const MoeSpec spec = small_spec(model, 256, 128, 128);
+    ASSERT_GT(spec.shared_slots(), 0) << model;
+    EXPECT_TRUE(plan_runs(spec, 1, FuseShared::On, on, "bulk_gate_up_one_token_self_route"));
+    EXPECT_FALSE(sm90_plan(spec, 1, FuseShared::On, on).routing_kernel) << model;
+    EXPECT_EQ(sm90_plan(spec, 1, FuseShared::On, on).experts.front().early_shared,
+              spec.shared_slots())
+        << model;
+    EXPECT_TRUE(sm90_plan(spec, 1, FuseShared::On, off).routing_kernel) << model;
+    EXPECT_TRUE(sm90_plan(spec, 1, FuseShared::Off, on).routing_kernel) << model;
+    EXPECT_EQ(plan::own_launches(sm90_plan(spec, 1, FuseShared::On, on)), 3) << model;
+  }
+  SKIP_WITHOUT_GPU();
+  for (const char* model : models) {
+    const MoeSpec spec = small_spec(model, 256, 128, 128);
+    const auto w = make_random_weights(spec, spec.moe_layers.front(), 47);
+    expect_knob_keeps_the_output(spec, *w, opt, off, on, "self_route_tokens=1", {1, 1, 9, 1},
+                                 FuseShared::On, 130);
+    EXPECT_EQ(create_with(*w, opt, on)->count_launches(1, true).kernels, 3) << model;
+  }
+}
+
 }  // namespace
 }  // namespace moekit

@@ -23,9 +23,10 @@ using O = plan::PlanOverrides;
 // The one-token rings against the rings they replace (a warp takes the same k blocks in the
 // same order): Qwen3-30B-A3B's down rows of 1.5 KB (one copy per tile) and its self-routing
 // gate/up at hidden 2048, 256 and 2240; DeepSeek-V3's 4 KB down rows (one 64 KB copy per tile,
-// in place of the split copies) and, with the routing kernel before it, its gate/up at 2240 (at
-// 256, one chunk, the standard ring), fused and unfused; then with half items forced. At 2
-// tokens the rings are off in both layers; one token again after it (the buffers reused).
+// in place of the split copies) and, with the routing kernel before it (self_route_tokens=0),
+// its gate/up at 2240 (at 256, one chunk, the standard ring), fused and unfused; then with half
+// items forced. At 2 tokens the rings are off in both layers; one token again after it (the buffers
+// reused).
 TEST(GpuLayerSmall, OneTokenRings) {
   const cuda::GpuLayerOptions opt = base_options(8);
   const O off = with(bulk(opt.overrides), &O::one_token_rings, 0);
@@ -33,6 +34,8 @@ TEST(GpuLayerSmall, OneTokenRings) {
   const O halves = with(bulk(opt.overrides), &O::half_items_per_cta, 1);
   const O halves_off = with(halves, &O::one_token_rings, 0);
   const O halves_on = with(halves, &O::one_token_rings, 1);
+  const O routed_off = with(off, &O::self_route_tokens, 0);
+  const O routed_on = with(on, &O::self_route_tokens, 0);
   for (int hidden : {2048, 256, 2240}) {
     const MoeSpec spec = small_spec("qwen3-30b-a3b", hidden, 16, 768);
     EXPECT_TRUE(plan_runs(spec, 1, FuseShared::Auto, on, "bulk_gate_up_one_token_self_route"));
@@ -44,11 +47,11 @@ TEST(GpuLayerSmall, OneTokenRings) {
   }
   const MoeSpec ds2240 = small_spec("deepseek-v3", 2240, 16, 2048);
   for (FuseShared fuse : {FuseShared::On, FuseShared::Off}) {
-    EXPECT_TRUE(plan_runs(ds2240, 1, fuse, on, "bulk_gate_up_one_token"));
-    EXPECT_TRUE(plan_runs(ds2240, 1, fuse, on, "bulk_down_one_token"));
-    EXPECT_TRUE(plan_runs(ds2240, 1, fuse, off, "bulk_down_split_rows"));
+    EXPECT_TRUE(plan_runs(ds2240, 1, fuse, routed_on, "bulk_gate_up_one_token"));
+    EXPECT_TRUE(plan_runs(ds2240, 1, fuse, routed_on, "bulk_down_one_token"));
+    EXPECT_TRUE(plan_runs(ds2240, 1, fuse, routed_off, "bulk_down_split_rows"));
   }
-  EXPECT_FALSE(plan_runs(small_spec("deepseek-v3", 256, 16, 2048), 1, FuseShared::On, on,
+  EXPECT_FALSE(plan_runs(small_spec("deepseek-v3", 256, 16, 2048), 1, FuseShared::On, routed_on,
                          "bulk_gate_up_one_token"));
   const MoeSpec narrow = small_spec("deepseek-v3", 2240, 16, 256);
   EXPECT_TRUE(plan_runs(narrow, 1, FuseShared::On, halves_on, "bulk_gate_up_one_token_half_items"));
@@ -63,7 +66,8 @@ TEST(GpuLayerSmall, OneTokenRings) {
   for (int hidden : {256, 2240}) {
     const MoeSpec spec = small_spec("deepseek-v3", hidden, 16, 2048);
     const auto w = make_random_weights(spec, spec.moe_layers.front(), 41);
-    expect_knob_keeps_the_output_both(spec, *w, opt, off, on, "one_token_rings=1", {1, 2, 1}, 105);
+    expect_knob_keeps_the_output_both(spec, *w, opt, routed_off, routed_on,
+                                      "self_route_tokens=0 one_token_rings=1", {1, 2, 1}, 105);
   }
   const auto w = make_random_weights(narrow, narrow.moe_layers.front(), 43);
   expect_knob_keeps_the_output_both(narrow, *w, opt, halves_off, halves_on,

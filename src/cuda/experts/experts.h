@@ -65,8 +65,8 @@ struct ExpertsParams {
   // before the kernel waits for the dispatch (they need nothing from it); 0: none early
   int early_shared = 0;
   int first_shared_expert = 0;
-  // bulk gate/up, its self_route instances (one token, no shared experts, E <= 128; fp8's
-  // E <= 256): 1, and no routing kernel runs before it: it routes its token from the logits
+  // bulk gate/up, its self_route instances (one token, shared experts fused or none, E <= 128;
+  // fp8's E <= 256): 1, and no routing kernel runs before it: it routes its token from the logits
   // itself (`route`: the routing kernel's params, whose routing and dispatch its CTA 0 writes for
   // the down kernel)
   int self_route = 0;

@@ -43,9 +43,9 @@
 // claimed one by one, as gate/up's tail; they are combined once every CTA has counted its
 // partials written (wait_for_every_cta), by the consumer and epilogue warps of the whole grid
 // (combine_tail_outputs).
-// Self-routing gate/up (the kSelfRoute instances: one token, no shared experts, E <= 128, or
-// E <= 256 in fp8's one-token ring): no routing kernel runs; the gate/up kernel waits on the
-// router GEMM and routes its token itself (docs/decisions/experts_self_route.md).
+// Self-routing gate/up (the kSelfRoute instances: one token, shared experts fused or none,
+// E <= 128, or E <= 256 in fp8's one-token ring): no routing kernel runs; the gate/up kernel
+// waits on the router GEMM and routes its token itself (docs/decisions/experts_self_route.md).
 // Preconditions (checked by the layer): as experts_kernel.cuh, and 16-byte aligned rows.
 #pragma once
 
@@ -88,9 +88,10 @@ namespace moekit::cuda::experts_detail {
 // kSelfRoute (gate/up at one token, ExpertsParams::self_route): no routing kernel ran; every
 // CTA's producers route the token from the logits (self_route_token: 8 experts a lane with kFp8,
 // else 4; the bf16, fp8 one-token and MX gate/up kernels) and look their items up in
-// the lists that implies, and CTA 0's epilogue warp writes the routing and the dispatch for the
-// down kernel. Its dynamic tail claims from a counter of its own, which its last CTA to finish
-// claiming zeroes (the dispatch, which zeroes the others, is written while it runs).
+// the lists that implies (the fused shared slots' tasks after the routed ones), and CTA 0's
+// epilogue warp writes the routing and the dispatch for the down kernel. Its dynamic tail claims
+// from a counter of its own, which its last CTA to finish claiming zeroes (the dispatch, which
+// zeroes the others, is written while it runs).
 // kFp8 (the rings of weights only and the fp8 one-token rings): e4m3 weights with 128 x 128
 // tile scales, W8A8 (experts_fp8.cuh): k blocks of 128 elements in the bytes of the bf16 blocks
 // of 64, so the ring and its copies are the same; the consumers scale each block's products by
@@ -98,9 +99,9 @@ namespace moekit::cuda::experts_detail {
 // codes (quantize_rows_fp8.h) and all the scales themselves; in the one-token rings the
 // producers copy the token's code row and the chunk's scales into the stage, so a consumer
 // waits on the stage alone (the gate/up producers copy the fused shared experts' x8 rows before
-// their PDL wait: x8 is complete when this kernel starts, since the routing kernel or the
-// engine's dispatch runs between the quantiser and it and lets it launch only after its own
-// wait).
+// their PDL wait: x8 is complete when this kernel starts, since the routing kernel, the
+// engine's dispatch or (kSelfRoute) the router GEMM runs between the quantiser and it and lets
+// it launch only after its own wait).
 // kMx (Mxfp8 / Mxfp4, the MX ring): packed MX weights, W8A16 / W4A16 (experts_mx.cuh): k blocks
 // of 128 packed bytes (128 or 256 elements), the last one of a row possibly partial (rows of
 // k / 2 or k bytes, k a multiple of 32); the producers copy the tile's 16 rows of the chunk and

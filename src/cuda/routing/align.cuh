@@ -214,10 +214,13 @@ __device__ __forceinline__ void align_small(const RoutingParams& p, const int* l
 // align_small's task and pair lists for ONE token whose top_k picks are distinct experts, in
 // registers instead of memory: lane j holds pick j in `pick`; lane r gets task r and pair-list
 // entry r as align_small writes them (tasks in expert order, one pair each: task r is
-// {expert of rank r, r, 1, 0}, entry r its slot). Returns the task count, top_k. For the gate/up
-// kernel that routes its token itself (ExpertsParams::self_route).
-__device__ __forceinline__ int one_token_dispatch_lanes(int pick, int top_k, int lane,
-                                                        ExpertTask& task, int& pair) {
+// {expert of rank r, r, 1, 0}, entry r its slot), then the fused shared slots' tasks (lane
+// top_k + s: shared expert s, id num_experts + s, the largest ids, slot top_k + s). Returns the
+// task count, top_k + shared_slots. For the gate/up kernel that routes its token itself
+// (ExpertsParams::self_route).
+__device__ __forceinline__ int one_token_dispatch_lanes(const RoutingConfig& cfg, int pick,
+                                                        int lane, ExpertTask& task, int& pair) {
+  const int top_k = cfg.top_k;
   const int key = lane < top_k ? pick : 0x7fffffff;
   int rank = 0;
 #pragma unroll 1
@@ -233,7 +236,12 @@ __device__ __forceinline__ int one_token_dispatch_lanes(int pick, int top_k, int
       pair = j;
     }
   }
-  return top_k;
+  const int slots = top_k + cfg.shared_slots;
+  if (lane >= top_k && lane < slots) {
+    task = ExpertTask{cfg.num_experts + (lane - top_k), lane, 1, 0};
+    pair = lane;
+  }
+  return slots;
 }
 
 }  // namespace moekit::cuda::align_detail
