@@ -219,12 +219,12 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   // (fp8: in its one-token gate/up ring, whose instance routes 8 experts a lane: E <= 256)
   const bool fp8_self_route =
       fp8 && experts_fp8_one_token_ring(Gemm::GateUp, tokens, sh.H, st.one_token_rings);
-  // (a shared expert fused: its slots' tasks follow the routed ones; unfused, its own launches
-  // would need the routing's shared_scale and tasks first; MX keeps its routing kernel with one,
-  // docs/decisions/experts_self_route.md)
+  // (a shared expert fused: its slots' tasks follow the routed ones, a lane each, so <= 32 slots;
+  // unfused, its own launches would need the routing's shared_scale and tasks first; MX keeps its
+  // routing kernel with one, docs/decisions/experts_self_route.md)
   const bool self_route = bulk && (!fp8 || fp8_self_route) && chunk == 8 &&
                           tokens <= st.self_route && (!sh.has_shared || (p.fused && !mx)) &&
-                          sh.E <= (fp8 ? 256 : 128) && !l2_keep && half_items == 0;
+                          p.slots <= 32 && sh.E <= (fp8 ? 256 : 128) && !l2_keep && half_items == 0;
   const bool shared_unfused = sh.has_shared && !p.fused;
   p.dense_shared = shared_unfused && dense_shared_at(sh, st, tokens);
   p.routing_kernel = !self_route;
