@@ -216,13 +216,14 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
       bulk && !l2_keep && !weights_only
           ? experts_gate_up_half_items(tokens, sh.H, chunk, st.half_items, st.one_token_rings)
           : 0;
-  // (fp8: in its one-token gate/up ring, whose instance routes 8 experts a lane: E <= 256)
-  const bool fp8_self_route =
-      fp8 && experts_fp8_one_token_ring(Gemm::GateUp, tokens, sh.H, st.one_token_rings);
+  // fp8's one-token gate/up ring (and its self-routing instance: 8 experts a lane, E <= 256)
+  const bool fp8_one_token_gate_up =
+      fp8 && chunk == 8 &&
+      experts_fp8_one_token_ring(Gemm::GateUp, tokens, sh.H, st.one_token_rings);
   // (a shared expert fused: its slots' tasks follow the routed ones, a lane each, so <= 32 slots;
   // unfused, its own launches would need the routing's shared_scale and tasks first; MX keeps its
   // routing kernel with one, docs/decisions/experts_self_route.md)
-  const bool self_route = bulk && (!fp8 || fp8_self_route) && chunk == 8 &&
+  const bool self_route = bulk && (!fp8 || fp8_one_token_gate_up) && chunk == 8 &&
                           tokens <= st.self_route && (!sh.has_shared || (p.fused && !mx)) &&
                           p.slots <= 32 && sh.E <= (fp8 ? 256 : 128) && !l2_keep && half_items == 0;
   const bool shared_unfused = sh.has_shared && !p.fused;
@@ -266,11 +267,7 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
   if (mx) {
     gate_up_ring = Ring::MxWeightsOnly;
   } else if (weights_only) {
-    gate_up_ring =
-        fp8 && chunk == 8 &&
-                experts_fp8_one_token_ring(Gemm::GateUp, tokens, sh.H, st.one_token_rings)
-            ? Ring::Fp8OneToken
-            : Ring::WeightsOnly;
+    gate_up_ring = fp8_one_token_gate_up ? Ring::Fp8OneToken : Ring::WeightsOnly;
   } else if (!l2_keep &&
              experts_gate_up_one_token_ring(tokens, sh.H, self_route, st.one_token_rings)) {
     gate_up_ring = Ring::OneToken;

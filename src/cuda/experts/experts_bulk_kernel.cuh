@@ -137,6 +137,8 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
                 "kMx: the MX ring's, one n-tile, no other option but the self-routing gate/up");
   static_assert(!kMxOn || BulkShape<kNT, kRing>::kChunkBlocks * 128 == kMxChunkBytes,
                 "kMx: the ring's chunk is the layout's (experts_mx_layout.h)");
+  // kSelfRoute: the experts a lane of self_route_token (E <= 32 of them; plan.cpp's rule)
+  constexpr int kRoutePerLane = kFp8 ? 8 : 4;
   constexpr bool kHasGateUp = kMode != kBulkDown;
   constexpr bool kHasDown = kMode != kBulkGateUp;
   // whether an item (its record's `down` flag) is a down item: fixed by the mode
