@@ -86,6 +86,15 @@ void launch_expert_kernel(int kernel, const ExpertsParams& p, int grid, bool pdl
                                          "activations (x), got w8 "
                                       << static_cast<const void*>(p.w8) << ", mx_scale "
                                       << static_cast<const void*>(p.mx_scale) << ", k " << p.k);
+    // (the MX ring bulk-copies an item's biases: runs of 8 or 16 floats)
+    MK_CHECK(!mx || p.bias == nullptr ||
+                 (reinterpret_cast<uintptr_t>(p.bias) % 16 == 0 && p.bias_expert_stride % 4 == 0 &&
+                  p.inter % 4 == 0),
+             "launch_expert_kernel: " << k.name
+                                      << " bulk-copies the biases (16-byte aligned, their expert "
+                                         "stride and inter multiples of 4 floats), got bias "
+                                      << static_cast<const void*>(p.bias) << ", stride "
+                                      << p.bias_expert_stride << ", inter " << p.inter);
     MK_CHECK(mx || (k.fp8 ? p.w8 != nullptr && p.w_scale != nullptr && p.w == nullptr &&
                                 p.x8 != nullptr && p.x_scale != nullptr && p.k % 128 == 0 &&
                                 p.inter % 128 == 0

@@ -105,9 +105,10 @@ namespace moekit::cuda::experts_detail {
 // kMx (Mxfp8 / Mxfp4, the MX ring): packed MX weights, W8A16 / W4A16 (experts_mx.cuh): k blocks
 // of 128 packed bytes (128 or 256 elements), the last one of a row possibly partial (rows of
 // k / 2 or k bytes, k a multiple of 32); the producers copy the tile's 16 rows of the chunk and
-// their e8m0 bytes into the stage (one copy each: experts_mx_layout.h), the consumers load their
-// bf16 activations themselves (x through L1, h from L2) and dequantise each weight before its
-// mma, the path of the exponents' range chosen per warp (the mma is the warp's).
+// their e8m0 bytes into the stage (one copy each: experts_mx_layout.h; an item's first stage also
+// the biases of its output rows, which the epilogue reads from its reduction buffer), the
+// consumers load their bf16 activations themselves (x through L1, h from L2) and dequantise each
+// weight before its mma, the path of the exponents' range chosen per warp (the mma is the warp's).
 template <int kMode, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
           bool kKeep = false, bool kTail = false, bool kHalves = false, bool kSelfRoute = false,
           bool kFp8 = false, ExpertFormat kMx = ExpertFormat::Bf16>

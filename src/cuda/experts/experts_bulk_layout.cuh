@@ -10,7 +10,8 @@
 // its chunk's scales: kChunkBlocks floats each of the activation's, the weight tile's first 8
 // rows' and its last 8 rows' (gate/up: gate and up; down: the first only, one 128-row tile).
 // The MX ring (Ring::MxWeightsOnly) holds a stage's 16 rows back to back at the chunk's own
-// pitch, and ends each stage with the e8m0 bytes of the 16 rows' chunk (experts_mx_layout.h).
+// pitch, and ends each stage with the e8m0 bytes of the 16 rows' chunk (experts_mx_layout.h) and
+// room for the item's 16 output-row biases (an item's first stage brings them).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,7 +49,7 @@ struct BulkItem {
 constexpr int kBulkItemWords = static_cast<int>(sizeof(BulkItem) / 4);
 
 template <int kNT, int kStages, int kChunkBlocks, int kActRowsPerStage = kNT * 8, int kRowPad = 64,
-          int kRedBufs = kDefaultRedBuffers, int kStageScaleBytes = 0>
+          int kRedBufs = kDefaultRedBuffers, int kStageScaleBytes = 0, int kItemBiasFloats = 0>
 struct BulkLayout {
   static constexpr int kActRows = kActRowsPerStage;
   static constexpr int kRedBuffers = kRedBufs;
@@ -57,8 +58,15 @@ struct BulkLayout {
   // kStageScaleBytes: the chunk's scales after the rows (BulkShape::kStageScaleBytes)
   static constexpr int kScaleOffset = (kBulkWeightRows + kActRows) * kPitch;
   static constexpr int kScaleBytes = kStageScaleBytes;
-  static constexpr int kStageBytes = kScaleOffset + kScaleBytes;
-  static constexpr int kRedFloats = kBulkConsumerWarps * kNT * 4 * 32;  // one buffer
+  // kItemBiasFloats: the item's output-row biases after the scales, in an item's first stage
+  // (BulkShape::kItemBiasFloats), and after the partials of each reduction buffer
+  static constexpr int kBiasOffset = kScaleOffset + kScaleBytes;
+  static constexpr int kBiasFloats = kItemBiasFloats;
+  // (with biases, stages stay 128-byte aligned, as the copies' destinations are without them)
+  static constexpr int kStageBytes =
+      kBiasFloats > 0 ? (kBiasOffset + kBiasFloats * 4 + 127) / 128 * 128 : kBiasOffset;
+  static constexpr int kRedPartials = kBulkConsumerWarps * kNT * 4 * 32;
+  static constexpr int kRedFloats = kRedPartials + kBiasFloats;  // one buffer
   static constexpr int kRedOffset = kStages * kStageBytes;
   static constexpr int kMetaOffset = kRedOffset + kRedBuffers * kRedFloats * 4;
   static constexpr int kBarOffset = kMetaOffset + (kStages + kRedBuffers) * sizeof(BulkItem);
@@ -72,6 +80,8 @@ struct BulkLayout {
   static_assert(kPitch % 16 == 0 && kStageBytes % 16 == 0 && kChunkBlocks % 4 == 0,
                 "bulk copies need 16-byte alignment");
   static_assert(kBarOffset % 8 == 0, "mbarriers need 8-byte alignment");
+  static_assert(kBiasOffset % 16 == 0 && kRedFloats % 4 == 0,
+                "the biases' bulk copy and the reduction buffers need 16-byte alignment");
   // why: sm_90's largest dynamic shared memory per block (227 KB), one CTA per SM
   static_assert(kBytes <= 227 * 1024, "the ring does not fit in shared memory");
 };
@@ -161,10 +171,15 @@ struct BulkShape<1, plan::Ring::MxWeightsOnly> {
   // for MXFP4's 4096 elements, 64 for MXFP8's 2048): the MX instances' ring, weights only, at
   // every batch. A stage's rows lie back to back at the pitch of the chunk's bytes (a runtime
   // pitch: a row's last chunk may be shorter), as the kernels' layout holds them, so its weights
-  // are one copy and its scales another (experts_mx_layout.h; docs/decisions/mx_experts.md)
+  // are one copy and its scales another (experts_mx_layout.h; docs/decisions/mx_experts.md).
+  // An item's first stage also brings the biases of its 16 output rows (gpt-oss), which the
+  // epilogue warp then reads from the item's reduction buffer. why: the epilogue warp takes one
+  // item at a time, and a load from global memory per item is in series with its reduction; an
+  // MX item of one short stage is soon streamed (docs/decisions/mx_experts.md).
   static constexpr int kStages = 6, kChunkBlocks = 16, kActRows = 0, kRowPad = 0;
   static constexpr int kRedBuffers = kDefaultRedBuffers;
   static constexpr int kStageScaleBytes = kBulkWeightRows * 128;
+  static constexpr int kItemBiasFloats = kBulkWeightRows;
 };
 template <>
 struct BulkShape<2, plan::Ring::Standard> {
@@ -193,11 +208,22 @@ constexpr int stage_scale_bytes() {
   }
 }
 
+// The floats of an item's biases that its first stage and its reduction buffer carry
+// (BulkShape::kItemBiasFloats, where declared; else the epilogue loads them).
+template <typename S>
+constexpr int item_bias_floats() {
+  if constexpr (requires { S::kItemBiasFloats; }) {
+    return S::kItemBiasFloats;
+  } else {
+    return 0;
+  }
+}
+
 template <int kNT, plan::Ring kRing = plan::Ring::Standard>
 struct BulkShapeLayout {
   using S = BulkShape<kNT, kRing>;
   using type = BulkLayout<kNT, S::kStages, S::kChunkBlocks, S::kActRows, S::kRowPad, S::kRedBuffers,
-                          stage_scale_bytes<S>()>;
+                          stage_scale_bytes<S>(), item_bias_floats<S>()>;
 };
 
 template <int kNT, plan::Ring kRing = plan::Ring::Standard>
