@@ -43,6 +43,15 @@ Instance instance(int index) {
 
 }  // namespace
 
+RowDivisor::RowDivisor(int d) {
+  MK_CHECK(d >= 1, "RowDivisor: the divisor is " << d << ", not a positive integer");
+  int p = 0;
+  while ((1ll << p) < d) ++p;
+  shift = 31 + p;
+  mul = static_cast<uint32_t>(((1ull << shift) + static_cast<unsigned long long>(d) - 1) /
+                              static_cast<unsigned long long>(d));
+}
+
 void prepare_expert_kernels() {
   int device = 0;
   MK_CUDA_CHECK(cudaGetDevice(&device));

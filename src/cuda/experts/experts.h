@@ -11,6 +11,20 @@
 
 namespace moekit::cuda {
 
+// A pair id's activation row, q / d for 0 <= q < 2^31 and d >= 1, as one multiply and shift:
+// (q * mul) >> shift with p = ceil(log2 d), mul = ceil(2^(31 + p) / d), shift = 31 + p; exact,
+// since q * (mul - 2^(31 + p) / d) / 2^(31 + p) < 2^-p <= 1 / d. why: the kernels take it at
+// every item's start, where an integer division is a chain of some twenty instructions.
+struct RowDivisor {
+  uint32_t mul = 1u << 31;  // d = 1
+  int shift = 31;
+  RowDivisor() = default;
+  explicit RowDivisor(int d);
+  __host__ __device__ int of(int q) const {
+    return static_cast<int>((static_cast<unsigned long long>(q) * mul) >> shift);
+  }
+};
+
 struct ExpertsParams {
   // weights: expert e's matrix starts at w + e * w_expert_stride (elements), row-major
   //   gate/up: [2*inter, k] (gate rows [0,inter), up rows [inter,2*inter));  down: [rows, k]
@@ -27,11 +41,11 @@ struct ExpertsParams {
   int inter = 0;  // gate/up: intermediate width I of one expert (or of the unfused shared MLP)
   int rows = 0;   // output rows per expert: inter (gate/up) or H (down)
   int k = 0;      // reduction length: H (gate/up) or inter (down); multiple of 64
-  // activations: row of pair q is x + (q / x_row_div) * k
+  // activations: row of pair q is x + x_row.of(q) * k (q / slots: the routed gate/up; else q)
   const __nv_bfloat16* x = nullptr;
-  int x_row_div = 1;
+  RowDivisor x_row;
   // the fp8 instances' activations instead of x (quantize_rows_fp8.h): row of pair q is
-  // x8 + (q / x_row_div) * k, e4m3, its scales x_scale + (q / x_row_div) * (k / 128)
+  // x8 + x_row.of(q) * k, e4m3, its scales x_scale + x_row.of(q) * (k / 128)
   const uint8_t* x8 = nullptr;
   const float* x_scale = nullptr;
   // dispatch

@@ -81,7 +81,7 @@ __device__ __forceinline__ ItemContext<kNT> item_context(const ExpertsParams& p,
     c.xr[j] = nullptr;
     if (col < c.task.count) {
       const int pair = p.pair_list[c.task.begin + col];
-      c.xr[j] = p.x + static_cast<size_t>(pair / p.x_row_div) * p.k;
+      c.xr[j] = p.x + static_cast<size_t>(p.x_row.of(pair)) * p.k;
     }
   }
   return c;

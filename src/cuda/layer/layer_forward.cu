@@ -173,7 +173,7 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
       p.rows = gate_up ? Is : H;
       p.k = gate_up ? H : Is;
       p.x = gate_up ? static_cast<const __nv_bfloat16*>(x) : ws.shared_h;
-      p.x_row_div = 1;
+      p.x_row = RowDivisor(1);
       p.pair_list = ws.pair_identity;
       p.tasks = ws.shared_tasks;
       p.num_tasks = &ctr->num_shared_tasks;
@@ -209,7 +209,7 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
       p.rows = I;
       p.k = H;
       p.x = static_cast<const __nv_bfloat16*>(x);
-      p.x_row_div = slots;
+      p.x_row = RowDivisor(slots);
       p.pair_list = ws.pair_list;
       p.tasks = ws.tasks;
       p.num_tasks = &ctr->num_tasks;
@@ -254,7 +254,7 @@ void GpuMoeLayer::Impl::launch_experts(const plan::LayerPlan& pl, const RoutingP
       p.rows = H;
       p.k = I;
       p.x = ws.h;
-      p.x_row_div = 1;
+      p.x_row = RowDivisor(1);
       p.pair_list = ws.pair_list;
       p.tasks = ws.tasks;
       p.num_tasks = &ctr->num_tasks;
