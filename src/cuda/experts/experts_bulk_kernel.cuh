@@ -173,6 +173,12 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   constexpr int kDownTileRows = 16;   // output rows per down item
   // (rounded up: a warp's blocks past the chunk are skipped, Ring::OneTokenNarrow)
   constexpr int kBlocksPerWarp = (kChunkBlocks + kBulkConsumerWarps - 1) / kBulkConsumerWarps;
+  constexpr int kMaxGroups = kMx == ExpertFormat::Mxfp4 ? 2 : 1;  // (consumer groups: below)
+  static_assert(kMaxGroups == 1 || (!kTail && kHasGateUp != kHasDown),
+                "consumer groups: items of one fill count (one GEMM a launch), no down tail");
+  auto consumer_groups = [](int item_chunks) {
+    return kMaxGroups > 1 && kStages % (kMaxGroups * item_chunks) == 0 ? kMaxGroups : 1;
+  };
   extern __shared__ __align__(128) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + L::kRedOffset);
   BulkItem* stage_meta = reinterpret_cast<BulkItem*>(smem + L::kMetaOffset);
@@ -192,12 +198,19 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
     trace_mark(trace, kHasGateUp ? kTraceGateUpStart : kTraceDownStart);
+    // (consumer groups: the warps of one, from the item's fills as computed below)
+    const int init_warps =
+        kMaxGroups == 1 ? kBulkConsumerWarps
+                        : kBulkConsumerWarps /
+                              consumer_groups(((kHasGateUp ? gu.k : dn.k) / mx_elems_per_byte(kMx) +
+                                               kChunkBlocks * 128 - 1) /
+                                              (kChunkBlocks * 128));
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 32);  // every producer lane (the item record is written by several)
-      mbar_init(&empty[s], kBulkConsumerWarps * 32);  // every consumer lane (each read it)
+      mbar_init(&empty[s], init_warps * 32);  // every consumer lane of a group (each read it)
     }
     for (int b = 0; b < kRedBuffers; ++b) {
-      mbar_init(&red_full[b], kBulkConsumerWarps * 32);  // every lane that wrote the buffer
+      mbar_init(&red_full[b], init_warps * 32);  // every lane that wrote the buffer
       mbar_init(&red_empty[b], 32);
     }
     for (int c = 0; c < kClaimSlots; ++c) {
@@ -225,6 +238,17 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   const int dn_nkb = kHasDown ? (dn.k + kBlockRound) / kBlockElems : 0;
   const int gu_nchunks = (gu_nkb + kChunkBlocks - 1) / kChunkBlocks;
   const int dn_nchunks = (dn_nkb + kChunkBlocks - 1) / kChunkBlocks;
+  // The consumer warps run as `groups` groups that take alternate items: MXFP4's as two groups
+  // of four, each warp of a group with twice the blocks of a stage, so that one group's item
+  // start and load round trips overlap the other group's dequantisation and mma instead of all
+  // eight warps waiting at once. A stage and a reduction buffer then have one group's warps;
+  // the producers end the work with a record of -1 for each group. A group waits only for its
+  // own items' stages, so a slot's previous fill must be its own group's (else a wait could
+  // pass on the slot's fill before last): items of `item_chunks` fills, kStages a multiple of
+  // groups x item_chunks; other item lengths run one group.
+  const int item_chunks = kHasGateUp ? gu_nchunks : dn_nchunks;
+  const int groups = consumer_groups(item_chunks);
+  const int group_warps = kBulkConsumerWarps / groups;
   auto range = [&](int total, int b) {
     return static_cast<int>(static_cast<long long>(total) * b / gridDim.x);
   };
