@@ -126,7 +126,7 @@ TEST(CliListKernels, ListsEveryInstanceOfBothTables) {
   const std::vector<std::string> lines = lines_of(r.out);
   const auto kernels = plan::expert_kernels();
   const auto grouped = plan::grouped_gemm_kernels();
-  ASSERT_EQ(kernels.size(), 50u);
+  ASSERT_EQ(kernels.size(), 52u);
   ASSERT_EQ(lines.size(), kernels.size() + grouped.size()) << r.out;
   for (size_t i = 0; i < kernels.size(); ++i) EXPECT_EQ(lines[i], plan::describe(kernels[i]));
   for (size_t i = 0; i < grouped.size(); ++i) {

@@ -34,9 +34,10 @@ TEST(PlanMx, DecodeBatchesRunTheMxInstancesOnTasksOf8) {
     EXPECT_EQ(gpt.chunk, 8) << tokens;
     EXPECT_EQ(gpt.mx, ExpertFormat::Mxfp4);
     EXPECT_FALSE(gpt.fused);  // (no shared expert)
-    // (one token: the gate/up kernel routes it, no routing kernel: experts_self_route.md)
+    // (one token: the gate/up kernel routes it, no routing kernel: experts_self_route.md; from
+    // 8 tokens the consumer-groups instances, below)
     EXPECT_EQ(kernel_names(gpt), tokens == 1 ? "bulk_gate_up_mxfp4_self_route bulk_down_mxfp4 "
-                                             : "bulk_gate_up_mxfp4 bulk_down_mxfp4 ")
+                                             : "bulk_gate_up_mxfp4_groups bulk_down_mxfp4_groups ")
         << tokens;
     // router, routing, two expert kernels
     EXPECT_EQ(own_launches(gpt), tokens == 1 ? 3 : 4) << tokens;
@@ -53,6 +54,40 @@ TEST(PlanMx, DecodeBatchesRunTheMxInstancesOnTasksOf8) {
   EXPECT_NE(to_json(p).find("\"experts_dtype\":\"MXFP8\""), std::string::npos) << to_json(p);
   EXPECT_NE(describe(mx_plan("gpt-oss-120b", 1, ExpertFormat::Mxfp4)).find("mxfp4 w4a16"),
             std::string::npos);
+}
+
+// MXFP4's bulk kernels run their consumer warps as two groups taking alternate items from
+// kMxGroupsTokens tokens (the _groups instances of both launches), the one-group instances below
+// it and in every MXFP8 layer; MOEKIT_EXPERTS_MX_GROUPS moves the rule (0: never).
+TEST(PlanMx, Mxfp4ConsumerGroupsFromTheirBatch) {
+  for (int tokens : {1, 2, kMxGroupsTokens - 1, kMxGroupsTokens, 32, 128, 767}) {
+    const LayerPlan gpt = mx_plan("gpt-oss-120b", tokens, ExpertFormat::Mxfp4);
+    EXPECT_EQ(kernel_names(gpt), tokens == 1 ? "bulk_gate_up_mxfp4_self_route bulk_down_mxfp4 "
+                                 : tokens >= kMxGroupsTokens
+                                     ? "bulk_gate_up_mxfp4_groups bulk_down_mxfp4_groups "
+                                     : "bulk_gate_up_mxfp4 bulk_down_mxfp4 ")
+        << tokens;
+    EXPECT_EQ(kernel_names(mx_plan("minimax-m3", tokens, ExpertFormat::Mxfp8)),
+              "bulk_gate_up_mxfp8 bulk_down_mxfp8 ")
+        << tokens;
+  }
+  PlanOverrides never, from2;
+  never.mx_groups_tokens = 0;
+  from2.mx_groups_tokens = 2;
+  EXPECT_EQ(
+      kernel_names(mx_plan("gpt-oss-120b", 128, ExpertFormat::Mxfp4, FuseShared::Auto, never)),
+      "bulk_gate_up_mxfp4 bulk_down_mxfp4 ");
+  EXPECT_EQ(kernel_names(mx_plan("gpt-oss-120b", 2, ExpertFormat::Mxfp4, FuseShared::Auto, from2)),
+            "bulk_gate_up_mxfp4_groups bulk_down_mxfp4_groups ");
+  EXPECT_EQ(kernel_names(mx_plan("gpt-oss-120b", 1, ExpertFormat::Mxfp4, FuseShared::Auto, from2)),
+            "bulk_gate_up_mxfp4_self_route bulk_down_mxfp4 ");
+  // (from one token: the self-routing gate/up kernel has no groups; the down kernel takes them)
+  PlanOverrides from1;
+  from1.mx_groups_tokens = 1;
+  EXPECT_EQ(kernel_names(mx_plan("gpt-oss-120b", 1, ExpertFormat::Mxfp4, FuseShared::Auto, from1)),
+            "bulk_gate_up_mxfp4_self_route bulk_down_mxfp4_groups ");
+  EXPECT_FALSE(experts_mx_consumer_groups(ExpertFormat::Mxfp8, 128, kMxGroupsTokens));
+  EXPECT_FALSE(experts_mx_consumer_groups(ExpertFormat::Bf16, 128, kMxGroupsTokens));
 }
 
 // From the prefill rule on, the prefill path: both GEMMs in runs of experts widened to bf16
@@ -91,7 +126,7 @@ TEST(PlanMx, PrefillBatchesWidenRunsOfExperts) {
   bulk.stream = Stream::Bulk;
   const LayerPlan forced =
       mx_plan("gpt-oss-120b", 4096, ExpertFormat::Mxfp4, FuseShared::Auto, bulk);
-  EXPECT_EQ(kernel_names(forced), "bulk_gate_up_mxfp4 bulk_down_mxfp4 ");
+  EXPECT_EQ(kernel_names(forced), "bulk_gate_up_mxfp4_groups bulk_down_mxfp4_groups ");
   EXPECT_EQ(forced.grouped_mx_chunk, 0);
   PlanOverrides grouped;
   grouped.stream = Stream::Grouped;

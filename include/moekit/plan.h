@@ -84,6 +84,9 @@ struct ExpertKernel {
   // per 32 input elements of a row) computed W8A16 / W4A16: the consumers dequantise each weight
   // to its exact bf16 in registers and run the bf16 mma on bf16 activations. Bf16: not MX.
   ExpertFormat mx = ExpertFormat::Bf16;
+  // bulk MXFP4: the consumer warps as two groups of four that take alternate items (each warp
+  // with twice a stage's blocks), where a ring slot's fills stay one group's; else one group
+  bool consumer_groups = false;
   // registers
   int unroll = 0;       // k blocks of 64 in flight per warp
   int warps = 11;       // threads / 32 (bulk: 8 consumers, 2 producers, 1 epilogue)
@@ -168,6 +171,7 @@ struct PlanOverrides {
   int self_route_tokens = -1;     // MOEKIT_EXPERTS_SELF_ROUTE: 0 or 1
   int task16_from = -1;           // MOEKIT_EXPERTS_TASK16: routed tokens per expert (0: never)
   int shared_dense_tokens = -1;   // MOEKIT_SHARED_DENSE: dense shared MLP from N (0: never)
+  int mx_groups_tokens = -1;  // MOEKIT_EXPERTS_MX_GROUPS: MXFP4 consumer groups from N (0: never)
   bool pdl = true;                // MOEKIT_PDL=0: launch without programmatic dependent launch
   bool print = false;             // MOEKIT_PRINT_CONFIG=1: print each plan once (stderr)
   friend bool operator==(const PlanOverrides&, const PlanOverrides&) = default;

@@ -29,6 +29,7 @@ constexpr ExpertKernel with_half_items(ExpertKernel k) { return k.half_items = t
 constexpr ExpertKernel with_self_route(ExpertKernel k) { return k.self_route = true, k; }
 constexpr ExpertKernel with_fp8(ExpertKernel k) { return k.fp8 = true, k; }
 constexpr ExpertKernel with_mx(ExpertKernel k, ExpertFormat f) { return k.mx = f, k; }
+constexpr ExpertKernel with_consumer_groups(ExpertKernel k) { return k.consumer_groups = true, k; }
 
 // Register instances: 8 warps (4 for short down rows), registers capped at 128 by
 // __launch_bounds__(threads, 16 / warps): 2 (or 4) CTAs per SM.
@@ -100,6 +101,10 @@ inline constexpr ExpertKernel kExpertKernels[] = {
     with_self_route(with_mx(bulk("bulk_gate_up_mxfp4_self_route", kGU, 1, Ring::MxWeightsOnly),
                             ExpertFormat::Mxfp4)),
     with_mx(bulk("bulk_down_mxfp4", kDn, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp4),
+    with_consumer_groups(with_mx(bulk("bulk_gate_up_mxfp4_groups", kGU, 1, Ring::MxWeightsOnly),
+                                 ExpertFormat::Mxfp4)),
+    with_consumer_groups(
+        with_mx(bulk("bulk_down_mxfp4_groups", kDn, 1, Ring::MxWeightsOnly), ExpertFormat::Mxfp4)),
     // registers
     regs("regs_gate_up", kGU, Stream::Registers, 1, 5),
     regs("regs_down", kDn, Stream::Registers, 1, 4),
@@ -119,8 +124,8 @@ constexpr bool same_fields(const ExpertKernel& a, const ExpertKernel& b) {
   return a.gemm == b.gemm && a.stream == b.stream && a.n_tiles == b.n_tiles && a.ring == b.ring &&
          a.split_rows == b.split_rows && a.l2_keep == b.l2_keep && a.down_tail == b.down_tail &&
          a.half_items == b.half_items && a.self_route == b.self_route && a.fp8 == b.fp8 &&
-         a.mx == b.mx && a.unroll == b.unroll && a.warps == b.warps &&
-         a.ctas_per_sm == b.ctas_per_sm;
+         a.mx == b.mx && a.consumer_groups == b.consumer_groups && a.unroll == b.unroll &&
+         a.warps == b.warps && a.ctas_per_sm == b.ctas_per_sm;
 }
 
 // What the bulk kernel's templates can build (experts_bulk_kernel.cuh's static_asserts, and
@@ -136,6 +141,8 @@ constexpr bool legal(const ExpertKernel& k) {
   // MX: its own ring, one n-tile, no other option but the self-routing gate/up; the ring is
   // MX's alone
   const bool mx = k.mx != ExpertFormat::Bf16;
+  // (consumer groups: MXFP4's, not the self-routing one)
+  if (k.consumer_groups && (k.mx != ExpertFormat::Mxfp4 || k.self_route)) return false;
   if (mx || k.ring == Ring::MxWeightsOnly) {
     return mx && k.ring == Ring::MxWeightsOnly && k.n_tiles == 1 && !k.fp8 && !k.split_rows &&
            !k.l2_keep && !k.down_tail && !k.half_items && (gu || !k.self_route) &&

@@ -189,6 +189,10 @@ bool experts_shared_dense_over_fused(int tokens, int chunk, long long shared_wei
   return re_streams * shared_weight_bytes >= kDenseFromReStreamedBytes;
 }
 
+bool experts_mx_consumer_groups(ExpertFormat f, int tokens, int from_tokens) {
+  return f == ExpertFormat::Mxfp4 && from_tokens > 0 && tokens >= from_tokens;
+}
+
 int select_expert_kernel(const KernelChoice& c) {
   MK_CHECK(c.chunk == 8 || c.chunk == 16,
            "no expert kernel for chunk " << c.chunk << " (expected 8 or 16)");
@@ -209,6 +213,7 @@ int select_expert_kernel(const KernelChoice& c) {
     k.ring = Ring::MxWeightsOnly;
     k.mx = c.mx;
     k.self_route = gate_up && c.self_route;
+    k.consumer_groups = c.consumer_groups && !k.self_route;
   } else if (c.fp8) {
     const bool own_ring =
         c.chunk == 8 && (gate_up ? c.ring == Ring::Fp8OneToken

@@ -22,6 +22,7 @@ int or_default(int setting, int fallback) { return setting >= 0 ? setting : fall
 struct Settings {
   int gate_up_tail, shared_first, whole_tiles, down_split, down_deep, one_token_rings;
   int weights_only, l2_keep_from, down_tail, half_items, self_route, task16, shared_dense;
+  int mx_groups;
   explicit Settings(const PlanOverrides& o, bool has_shared)
       : gate_up_tail(or_default(o.gate_up_tail_percent, kGateUpTailPercent)),
         shared_first(or_default(o.shared_first_tokens, kSharedFirstTokens)),
@@ -35,7 +36,8 @@ struct Settings {
         half_items(o.half_items_per_cta),
         self_route(or_default(o.self_route_tokens, kSelfRouteTokens)),
         task16(o.task16_from),
-        shared_dense(has_shared ? or_default(o.shared_dense_tokens, kSharedDenseTokens) : 0) {}
+        shared_dense(has_shared ? or_default(o.shared_dense_tokens, kSharedDenseTokens) : 0),
+        mx_groups(or_default(o.mx_groups_tokens, kMxGroupsTokens)) {}
 };
 
 struct Shapes {
@@ -272,6 +274,7 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
              experts_gate_up_one_token_ring(tokens, sh.H, self_route, st.one_token_rings)) {
     gate_up_ring = Ring::OneToken;
   }
+  const bool mx_groups = bulk && experts_mx_consumer_groups(mx_format, tokens, st.mx_groups);
   g.kernel = select_expert_kernel({.gemm = Gemm::GateUp,
                                    .chunk = chunk,
                                    .stream = p.stream,
@@ -281,7 +284,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
                                    .half_items = halves,
                                    .self_route = self_route,
                                    .fp8 = fp8,
-                                   .mx = mx_format});
+                                   .mx = mx_format,
+                                   .consumer_groups = mx_groups});
   g.grid = resident(g.kernel);
   g.dynamic_tail_percent = bulk ? st.gate_up_tail : 0;
   g.half_items_per_cta = half_items;
@@ -328,7 +332,8 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
                                    .l2_keep = l2_keep,
                                    .down_tail = down_tail > 0 && chunk == 8,
                                    .fp8 = fp8,
-                                   .mx = mx_format});
+                                   .mx = mx_format,
+                                   .consumer_groups = mx_groups});
   d.grid = bulk ? experts_down_grid(resident(d.kernel), sh.H, tokens, st.whole_tiles)
                 : resident(d.kernel);
   d.down_tail_percent = down_tail;

@@ -81,6 +81,7 @@ std::string describe(const ExpertKernel& k) {
     if (k.self_route) os << " self_route";
     if (k.fp8) os << " fp8";
     if (k.mx != ExpertFormat::Bf16) os << ' ' << expert_format_name(k.mx);
+    if (k.consumer_groups) os << " consumer_groups";
   } else {
     os << " unroll=" << k.unroll;
   }
@@ -194,6 +195,8 @@ PlanOverrides plan_overrides_from_env(PlanOverrides o) {
                           "routed tokens per expert, 0 (never) to 1048576");
   o.shared_dense_tokens =
       env_int("MOEKIT_SHARED_DENSE", o.shared_dense_tokens, 0, kMaxCount, kTokens);
+  o.mx_groups_tokens =
+      env_int("MOEKIT_EXPERTS_MX_GROUPS", o.mx_groups_tokens, 0, kMaxCount, kTokens);
   o.pdl = env_int("MOEKIT_PDL", o.pdl ? 1 : 0, 0, 1, "0 or 1") != 0;
   o.print = env_int("MOEKIT_PRINT_CONFIG", o.print ? 1 : 0, 0, 1, "0 or 1") != 0;
   return o;

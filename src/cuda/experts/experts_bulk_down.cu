@@ -10,7 +10,7 @@ struct Instance<InstanceGroup::BulkDown, I> {
     constexpr plan::ExpertKernel k = plan::kExpertKernels[I];
     if constexpr (in_group(k, InstanceGroup::BulkDown)) {
       return experts_bulk_kernel<false, k.n_tiles, k.split_rows, k.ring, k.l2_keep, k.down_tail,
-                                 k.half_items, k.self_route, k.fp8, k.mx>;
+                                 k.half_items, k.self_route, k.fp8, k.mx, k.consumer_groups>;
     } else {
       return nullptr;
     }

@@ -11,7 +11,7 @@ struct Instance<InstanceGroup::BulkGateUp, I> {
     constexpr plan::ExpertKernel k = plan::kExpertKernels[I];
     if constexpr (in_group(k, InstanceGroup::BulkGateUp)) {
       return experts_bulk_kernel<true, k.n_tiles, k.split_rows, k.ring, k.l2_keep, k.down_tail,
-                                 k.half_items, k.self_route, k.fp8, k.mx>;
+                                 k.half_items, k.self_route, k.fp8, k.mx, k.consumer_groups>;
     } else {
       return nullptr;
     }

@@ -111,7 +111,7 @@ namespace moekit::cuda::experts_detail {
 // weight before its mma, the path of the exponents' range chosen per warp (the mma is the warp's).
 template <int kMode, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
           bool kKeep = false, bool kTail = false, bool kHalves = false, bool kSelfRoute = false,
-          bool kFp8 = false, ExpertFormat kMx = ExpertFormat::Bf16>
+          bool kFp8 = false, ExpertFormat kMx = ExpertFormat::Bf16, bool kGroups = false>
 __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const ExpertsParams& dn,
                                                   int* task_done) {
   static_assert(kNT >= 1 && kNT <= 2, "kNT: 1 or 2 n-tiles of 8 tokens");
@@ -173,9 +173,9 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   constexpr int kDownTileRows = 16;   // output rows per down item
   // (rounded up: a warp's blocks past the chunk are skipped, Ring::OneTokenNarrow)
   constexpr int kBlocksPerWarp = (kChunkBlocks + kBulkConsumerWarps - 1) / kBulkConsumerWarps;
-  constexpr int kMaxGroups = kMx == ExpertFormat::Mxfp4 ? 2 : 1;  // (consumer groups: below)
-  static_assert(kMaxGroups == 1 || (!kTail && kHasGateUp != kHasDown),
-                "consumer groups: items of one fill count (one GEMM a launch), no down tail");
+  constexpr int kMaxGroups = kGroups ? 2 : 1;  // (consumer groups: below)
+  static_assert(!kGroups || (kMx == ExpertFormat::Mxfp4 && !kTail && kHasGateUp != kHasDown),
+                "consumer groups: MXFP4's, items of one fill count (one GEMM a launch), no tail");
   auto consumer_groups = [](int item_chunks) {
     return kMaxGroups > 1 && kStages % (kMaxGroups * item_chunks) == 0 ? kMaxGroups : 1;
   };
@@ -238,14 +238,14 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
   const int dn_nkb = kHasDown ? (dn.k + kBlockRound) / kBlockElems : 0;
   const int gu_nchunks = (gu_nkb + kChunkBlocks - 1) / kChunkBlocks;
   const int dn_nchunks = (dn_nkb + kChunkBlocks - 1) / kChunkBlocks;
-  // The consumer warps run as `groups` groups that take alternate items: MXFP4's as two groups
-  // of four, each warp of a group with twice the blocks of a stage, so that one group's item
-  // start and load round trips overlap the other group's dequantisation and mma instead of all
-  // eight warps waiting at once. A stage and a reduction buffer then have one group's warps;
-  // the producers end the work with a record of -1 for each group. A group waits only for its
-  // own items' stages, so a slot's previous fill must be its own group's (else a wait could
-  // pass on the slot's fill before last): items of `item_chunks` fills, kStages a multiple of
-  // groups x item_chunks; other item lengths run one group.
+  // kGroups: the consumer warps run as `groups` groups of four that take alternate items, each
+  // warp with twice the blocks of a stage, so that one group's item start and load round trips
+  // overlap the other group's dequantisation and mma instead of all eight warps waiting at once.
+  // A stage and a reduction buffer then have one group's warps; the producers end the work with
+  // a record of -1 for each group. A group waits only for its own items' stages, so a slot's
+  // previous fill must be its own group's (else a wait could pass on the slot's fill before
+  // last): items of `item_chunks` fills, kStages a multiple of groups x item_chunks; other item
+  // lengths run one group.
   const int item_chunks = kHasGateUp ? gu_nchunks : dn_nchunks;
   const int groups = consumer_groups(item_chunks);
   const int group_warps = kBulkConsumerWarps / groups;
@@ -270,13 +270,14 @@ __device__ __forceinline__ void experts_bulk_body(const ExpertsParams& gu, const
 }
 
 // One of the two GEMMs (kGateUp: gate/up + activation, else down + combine), as its own launch;
-// kSplitRows, kRing, kKeep, kTail, kHalves, kSelfRoute, kFp8 and kMx as experts_bulk_body.
+// kSplitRows, kRing, kKeep, kTail, kHalves, kSelfRoute, kFp8, kMx and kGroups as
+// experts_bulk_body.
 template <bool kGateUp, int kNT, bool kSplitRows = false, plan::Ring kRing = plan::Ring::Standard,
           bool kKeep = false, bool kTail = false, bool kHalves = false, bool kSelfRoute = false,
-          bool kFp8 = false, ExpertFormat kMx = ExpertFormat::Bf16>
+          bool kFp8 = false, ExpertFormat kMx = ExpertFormat::Bf16, bool kGroups = false>
 __global__ void __launch_bounds__(kBulkThreads, 1) experts_bulk_kernel(const ExpertsParams p) {
   experts_bulk_body<kGateUp ? kBulkGateUp : kBulkDown, kNT, kSplitRows, kRing, kKeep, kTail,
-                    kHalves, kSelfRoute, kFp8, kMx>(p, p, nullptr);
+                    kHalves, kSelfRoute, kFp8, kMx, kGroups>(p, p, nullptr);
 }
 
 }  // namespace moekit::cuda::experts_detail
