@@ -1,6 +1,6 @@
-// Helpers of the hostile-input tests (tests/test_hostile_*.cpp): the CLI run as a child process,
-// raw safetensors files written byte by byte, a tensor's bytes overwritten in place, and deeply
-// nested JSON text.
+// Helpers of the hostile- and bad-input tests (tests/test_hostile_*.cpp, tests/test_bad_cli.cpp):
+// the CLI run as a child process, a tiny config on disk, raw safetensors files written byte by
+// byte, a tensor's bytes overwritten in place, and deeply nested JSON text.
 #pragma once
 
 #include <sys/wait.h>
@@ -33,13 +33,6 @@ inline CliRun run_moekit(const std::string& dir, const std::string& args,
   r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
   r.err = read_file(err);
   return r;
-}
-
-// configs/<model>.json as a JSON value.
-inline nlohmann::json model_config(const std::string& model) {
-  std::ifstream in(std::string(MOEKIT_TEST_DATA_DIR) + "/../configs/" + model + ".json");
-  EXPECT_TRUE(in) << model;
-  return nlohmann::json::parse(in);
 }
 
 // A DeepSeek-V3 config with H 64, E 16, I 32 written to dir; returns its path.

@@ -1,6 +1,6 @@
-// Helpers shared by the weights, safetensors and checkpoint tests: scaled-down specs made from the
-// real configs (configs/<model>.json with the sizes shrunk, then parsed like any config), and
-// per-test scratch directories.
+// Helpers shared by the weights, safetensors, checkpoint and bad-input tests: the real configs as
+// JSON, scaled-down specs made from them (configs/<model>.json with the sizes shrunk, then parsed
+// like any config), and per-test scratch directories.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,6 +24,13 @@ struct SmallSizes {
   int inter = 32;
   int shared_multiple = 2;  // Qwen2-style shared width = multiple * inter; DeepSeek keeps its count
 };
+
+// configs/<model>.json as a JSON value.
+inline nlohmann::json model_config(const std::string& model) {
+  std::ifstream in(std::string(MOEKIT_TEST_DATA_DIR) + "/../configs/" + model + ".json");
+  EXPECT_TRUE(in) << model;
+  return nlohmann::json::parse(in);
+}
 
 // configs/<model>.json with hidden / experts / intermediate sizes shrunk, parsed by the real
 // parser; everything else (family, scoring, shared kind, layer list) stays the model's own.
