@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -59,6 +60,12 @@ inline MoeSpec small_spec(const std::string& model, SmallSizes z = {}) {
     c["topk_group"] = 1;
   }
   return parse_spec_json(top.dump(), model + "-small");
+}
+
+// A later MoE layer of the spec, the checkpoint tests' layer (DeepSeek-V4's first
+// num_hash_layers are hash-routed).
+inline int test_layer(const MoeSpec& s) {
+  return s.moe_layers.at(std::min<size_t>(s.moe_layers.size() - 1, 3));
 }
 
 // A fresh, empty directory under the system temp dir, named after the running test.
