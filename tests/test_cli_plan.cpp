@@ -44,7 +44,8 @@ CliOutput run_moekit(const std::string& args) {
                         "MOEKIT_FUSE_SHARED_EXPERTS",
                         "MOEKIT_EXPERTS_GROUPED_FROM",
                         "MOEKIT_EXPERTS_GROUPED_GEMM",
-                        "MOEKIT_EXPERTS_MX_CHUNK"}) {
+                        "MOEKIT_EXPERTS_MX_CHUNK",
+                        "MOEKIT_EXPERTS_MX_GEMM"}) {
     cleared.push_back(std::make_unique<test::ScopedEnv>(v, nullptr));
   }
   CliOutput r;

@@ -22,7 +22,7 @@ const char* const kAllVariables[] = {
     "MOEKIT_EXPERTS_DOWN_TAIL",      "MOEKIT_EXPERTS_HALF_ITEMS",   "MOEKIT_EXPERTS_SELF_ROUTE",
     "MOEKIT_EXPERTS_TASK16",         "MOEKIT_SHARED_DENSE",         "MOEKIT_PDL",
     "MOEKIT_PRINT_CONFIG",           "MOEKIT_EXPERTS_GROUPED_FROM", "MOEKIT_EXPERTS_GROUPED_GEMM",
-    "MOEKIT_EXPERTS_MX_CHUNK",       "MOEKIT_EXPERTS_MX_GROUPS"};
+    "MOEKIT_EXPERTS_MX_CHUNK",       "MOEKIT_EXPERTS_MX_GROUPS",    "MOEKIT_EXPERTS_MX_GEMM"};
 
 // Each test starts with none of them set (the caller's environment restored afterwards).
 class PlanEnv : public testing::Test {
@@ -186,6 +186,11 @@ const IntKnob kIntKnobs[] = {
      {1, 3, 4096},
      {"0", "-1", "3 experts", "x", "99999999999"},
      "an expert count, >= 1"},
+    {"MOEKIT_EXPERTS_MX_GEMM",
+     &PlanOverrides::grouped_mx_tile,
+     {0, 64, 128},
+     {"-1", "32", "129", "packed"},
+     "0 (widen), 64 or 128 (the packed GEMM's token tile)"},
     {"MOEKIT_EXPERTS_MX_GROUPS",
      &PlanOverrides::mx_groups_tokens,
      {0, 1, 8, 4096},

@@ -158,6 +158,7 @@ struct PlanOverrides {
   int grouped_gate_up = -1;       // MOEKIT_EXPERTS_GROUPED_GEMM: its gate/up GEMM's instance (a
   int grouped_down = -1;          // row of grouped_gemm_kernels()), and its down GEMM's
   int grouped_mx_chunk = -1;      // MOEKIT_EXPERTS_MX_CHUNK: MX experts it widens at a time (>= 1)
+  int grouped_mx_tile = -1;  // MOEKIT_EXPERTS_MX_GEMM: 0 widen, 64 / 128 the packed GEMM's tile
   int gate_up_tail_percent = -1;  // MOEKIT_EXPERTS_TAIL: the gate/up kernel's dynamic tail
   int shared_first_tokens = -1;   // MOEKIT_EXPERTS_SHARED_FIRST (0: never)
   int whole_tile_tokens = -1;     // MOEKIT_EXPERTS_WHOLE_TILES (0: never)
@@ -213,6 +214,7 @@ struct LayerPlan {
   int grouped_down = -1;     // and its down GEMM's; -1 off that path
   int grouped_mx_chunk = 0;  // MX on the prefill path: experts widened to bf16 at a time
   int grouped_mx_runs = 0;   // and the runs of each GEMM (ceil(weight rows / chunk)); else 0
+  int grouped_mx_tile = 0;   // or the packed MX GEMM's token tile (64 or 128), chunk and runs 0
   bool fp8 = false;        // fp8 block-scale experts, computed W8A8 (the fp8 instances)
   ExpertFormat mx = ExpertFormat::Bf16;  // Mxfp8 / Mxfp4: MX experts (the MX instances)
   bool pdl = true;

@@ -103,6 +103,12 @@ int experts_grouped_mx_chunk(int rows, int hidden, int inter, int setting) {
   return static_cast<int>(std::clamp<long long>(kMxWidenBytes / matrix, 1, rows));
 }
 
+int experts_grouped_mx_tile(int setting) {
+  MK_CHECK(setting <= 0 || setting == 64 || setting == 128,
+           "experts_grouped_mx_tile: expected 0, 64 or 128, got " << setting);
+  return setting >= 0 ? setting : 0;
+}
+
 bool experts_task16_ring(int tokens, int top_k, int experts, int setting) {
   // why 8 per expert: below it the ring's two n-tiles cost more than the re-streams they save
   constexpr int kFromTokensPerExpert = 8;

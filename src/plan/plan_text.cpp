@@ -172,6 +172,13 @@ PlanOverrides plan_overrides_from_env(PlanOverrides o) {
   }
   o.grouped_mx_chunk =
       env_int("MOEKIT_EXPERTS_MX_CHUNK", o.grouped_mx_chunk, 1, kMaxCount, "an expert count, >= 1");
+  {
+    constexpr const char* kTiles = "0 (widen), 64 or 128 (the packed GEMM's token tile)";
+    const int tile = env_int("MOEKIT_EXPERTS_MX_GEMM", -1, 0, 128, kTiles);
+    MK_CHECK(tile < 0 || tile == 0 || tile == 64 || tile == 128,
+             "MOEKIT_EXPERTS_MX_GEMM='" << tile << "' (expected " << kTiles << ")");
+    if (tile >= 0) o.grouped_mx_tile = tile;
+  }
   o.gate_up_tail_percent = env_int("MOEKIT_EXPERTS_TAIL", o.gate_up_tail_percent, 0, 100, kPercent);
   o.shared_first_tokens =
       env_int("MOEKIT_EXPERTS_SHARED_FIRST", o.shared_first_tokens, 0, kMaxCount, kTokens);
@@ -248,6 +255,10 @@ std::string describe(const LayerPlan& p) {
       os << "  widen    " << expert_format_name(p.mx) << " experts to bf16, " << p.grouped_mx_chunk
          << " at a time (" << p.grouped_mx_runs << " runs before each GEMM's groups)\n";
     }
+    if (p.grouped_mx_tile > 0) {
+      os << "  packed   " << expert_format_name(p.mx) << " GEMMs on the packed bytes, tiles of "
+         << p.grouped_mx_tile << " tokens (in place of the CUTLASS instances)\n";
+    }
   }
   for (const ExpertLaunch& l : p.experts) {
     std::string role = l.role;
@@ -305,6 +316,7 @@ std::string to_json(const LayerPlan& p) {
     j["grouped_mx_chunk"] = p.grouped_mx_chunk;
     j["grouped_mx_runs"] = p.grouped_mx_runs;
   }
+  if (p.grouped_mx_tile > 0) j["grouped_mx_tile"] = p.grouped_mx_tile;
   nlohmann::ordered_json experts = nlohmann::ordered_json::array();
   for (const ExpertLaunch& l : p.experts) {
     experts.push_back({{"role", l.role},

@@ -1,12 +1,12 @@
 // The GPU layer on OCP MX experts (GpuLayerOptions::mx_format Mxfp4 / Mxfp8: W4A16 / W8A16 on
-// the bulk kernels' MX instances, or the prefill path on experts widened to bf16): tiny MX
-// checkpoints in the real tensor names (written by the project's writer, tests/mx_test_util.h),
-// loaded packed, run on the GPU and compared with the CPU reference on the same bytes (which
-// dequantises exactly, then runs the bf16 math): rows of one partial k block, of several chunks
-// with a partial last block, MiniMax-M3's fused shared expert against the reference's unfused one,
-// exponents past the one-multiply range; CUDA-graph replay; the random MX layers of the bench; and
-// the errors of what the MX layer cannot run. GpuMxSmall.* runs under scripts/gpu_check.sh's
-// sanitizers.
+// the bulk kernels' MX instances, or the prefill path on experts widened to bf16 or on the packed
+// bytes): tiny MX checkpoints in the real tensor names (written by the project's writer,
+// tests/mx_test_util.h), loaded packed, run on the GPU and compared with the CPU reference on the
+// same bytes (which dequantises exactly, then runs the bf16 math): rows of one partial k block, of
+// several chunks with a partial last block, MiniMax-M3's fused shared expert against the
+// reference's unfused one, exponents past the one-multiply range; CUDA-graph replay; the random MX
+// layers of the bench; and the errors of what the MX layer cannot run. GpuMxSmall.* runs under
+// scripts/gpu_check.sh's sanitizers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,34 +65,51 @@ const MxCase kCases[] = {{"gpt-oss-120b", ExpertFormat::Mxfp4, 320, 192, 16, 0},
                          {"minimax-m3", ExpertFormat::Mxfp8, 2112, 256, 8, 1},
                          {"gpt-oss-120b", ExpertFormat::Mxfp4, 2880, 320, 8, 0}};
 
-// The options of a layer on the bulk MX kernels at every batch, or on the prefill path at every
-// batch in runs of 3 experts (not dividing the 16 or 17 weight rows).
-cuda::GpuLayerOptions path_options(int max_tokens, bool prefill) {
+// The MX layer's ways: the bulk MX kernels, the prefill path's GEMMs on widened matrices in runs
+// of 3 experts (not dividing the 16 or 17 weight rows), the packed GEMM with token tiles of 64
+// or 128.
+enum class MxPath { Bulk, Widened, Packed64, Packed128 };
+const char* path_name(MxPath p) {
+  return p == MxPath::Bulk       ? "bulk"
+         : p == MxPath::Widened  ? "widened"
+         : p == MxPath::Packed64 ? "packed 64"
+                                 : "packed 128";
+}
+
+// The options of a layer on `path` at every batch.
+cuda::GpuLayerOptions path_options(int max_tokens, MxPath path) {
   cuda::GpuLayerOptions opt = base_options(max_tokens);
-  opt.overrides.stream = prefill ? plan::Stream::Grouped : plan::Stream::Bulk;
-  if (prefill) opt.overrides.grouped_mx_chunk = 3;
+  opt.overrides.stream = path == MxPath::Bulk ? plan::Stream::Bulk : plan::Stream::Grouped;
+  if (path == MxPath::Widened) opt.overrides.grouped_mx_chunk = 3;
+  if (path == MxPath::Packed64) opt.overrides.grouped_mx_tile = 64;
+  if (path == MxPath::Packed128) opt.overrides.grouped_mx_tile = 128;
   return opt;
 }
 
-// Both paths: one token, tasks of 8, many tasks per expert (100 tokens over 8-16 experts) on the
-// bulk kernels; the prefill path at the same batches; the GPU's fused shared expert against the
-// reference's unfused shared MLP.
+// Every way: one token, tasks of 8, many tasks per expert (100 tokens over 8-16 experts) on the
+// bulk kernels; the prefill path's ways at the same batches; the GPU's fused shared expert
+// against the reference's unfused shared MLP.
 TEST(GpuMx, ForwardMatchesTheCpuReference) {
   SKIP_WITHOUT_GPU();
   for (const MxCase& c : kCases) {
     const MoeSpec spec = case_spec(c);
     const auto w = mx_layer(spec, c.format, 7, "mx-forward");
     ASSERT_EQ(w->expert_format(), c.format);
-    for (const bool prefill : {false, true}) {
-      const auto gpu = cuda::GpuMoeLayer::create(*w, path_options(100, prefill));
+    for (const MxPath path : {MxPath::Bulk, MxPath::Widened, MxPath::Packed64, MxPath::Packed128}) {
+      const bool prefill = path != MxPath::Bulk;
+      const auto gpu = cuda::GpuMoeLayer::create(*w, path_options(100, path));
       for (int tokens : {1, 5, 8, 40, 100}) {
         std::ostringstream what;
         what << spec.name << " " << expert_format_name(c.format) << " H=" << c.hidden
-             << " I=" << c.inter << " T=" << tokens << (prefill ? " prefill" : " bulk");
+             << " I=" << c.inter << " T=" << tokens << " " << path_name(path);
         const plan::LayerPlan p = gpu->plan(tokens, FuseShared::Auto);
         EXPECT_EQ(p.mx, c.format) << what.str();
         EXPECT_EQ(p.stream, prefill ? plan::Stream::Grouped : plan::Stream::Bulk) << what.str();
-        EXPECT_EQ(p.grouped_mx_chunk, prefill ? 3 : 0) << what.str();
+        EXPECT_EQ(p.grouped_mx_chunk, path == MxPath::Widened ? 3 : 0) << what.str();
+        EXPECT_EQ(p.grouped_mx_tile, path == MxPath::Packed64    ? 64
+                                     : path == MxPath::Packed128 ? 128
+                                                                 : 0)
+            << what.str();
         for (const std::string& name : plan_kernel_names(p)) {
           EXPECT_NE(name.find(expert_format_name(c.format)), std::string::npos) << what.str();
         }
@@ -154,15 +171,15 @@ TEST(GpuMx, LargeExponentsTakeTheTwoMultiplyPath) {
   }
 }
 
-// The MX forward on either path, captured in a graph and replayed, gives the eager forward bit
+// The MX forward on each way, captured in a graph and replayed, gives the eager forward bit
 // for bit.
 TEST(GpuMx, GraphReplayEqualsTheEagerForward) {
   SKIP_WITHOUT_GPU();
   for (const MxCase& c : {kCases[0], kCases[2]}) {
     const MoeSpec spec = case_spec(c);
     const auto w = mx_layer(spec, c.format, 3, "mx-graph");
-    for (const bool prefill : {false, true}) {
-      const auto gpu = cuda::GpuMoeLayer::create(*w, path_options(32, prefill));
+    for (const MxPath path : {MxPath::Bulk, MxPath::Widened, MxPath::Packed64}) {
+      const auto gpu = cuda::GpuMoeLayer::create(*w, path_options(32, path));
       for (int tokens : {1, 32})
         expect_graph_replay_equals_forward(*gpu, spec, tokens, FuseShared::Auto, 5);
     }
@@ -177,7 +194,7 @@ TEST(GpuMx, GraphReplayEqualsTheEagerForward) {
 TEST(GpuMx, SelfRoutedGateUpAtOneToken) {
   const MxCase cases[] = {{"gpt-oss-120b", ExpertFormat::Mxfp4, 320, 192, 16, 0},
                           {"qwen3-30b-a3b", ExpertFormat::Mxfp8, 256, 128, 16, 0}};
-  cuda::GpuLayerOptions on = path_options(9, false), off = on;
+  cuda::GpuLayerOptions on = path_options(9, MxPath::Bulk), off = on;
   on.overrides.self_route_tokens = 1;
   off.overrides.self_route_tokens = 0;
   std::vector<std::unique_ptr<LayerWeights>> weights;
@@ -216,7 +233,7 @@ TEST(GpuMx, SelfRoutedGateUpAtOneToken) {
   }
 }
 
-// Small shapes for the sanitizers: both formats from checkpoints on both paths, and the bench's
+// Small shapes for the sanitizers: both formats from checkpoints on every way, and the bench's
 // random MX layers (made on the GPU: codes and one exponent per matrix), whose y is finite and
 // not zero.
 TEST(GpuMxSmall, SanitizerShapes) {
@@ -224,14 +241,13 @@ TEST(GpuMxSmall, SanitizerShapes) {
   for (const MxCase& c : {kCases[0], kCases[2]}) {
     const MoeSpec spec = case_spec(c);
     const auto w = mx_layer(spec, c.format, 9, "mx-small");
-    for (const bool prefill : {false, true}) {
-      const auto gpu = cuda::GpuMoeLayer::create(*w, path_options(24, prefill));
+    for (const MxPath path : {MxPath::Bulk, MxPath::Widened, MxPath::Packed64, MxPath::Packed128}) {
+      const auto gpu = cuda::GpuMoeLayer::create(*w, path_options(24, path));
       for (int tokens : {1, 24}) {
         const std::vector<Bf16> x = random_x(tokens, spec.hidden, tokens);
-        expect_layer_matches(
-            spec, tokens, gpu->forward(x.data(), tokens, FuseShared::Auto),
-            cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto),
-            spec.name + " T=" + std::to_string(tokens) + (prefill ? " prefill" : " bulk"));
+        expect_layer_matches(spec, tokens, gpu->forward(x.data(), tokens, FuseShared::Auto),
+                             cpu_reference::forward(*w, x.data(), tokens, FuseShared::Auto),
+                             spec.name + " T=" + std::to_string(tokens) + " " + path_name(path));
       }
     }
     cuda::GpuLayerOptions opt = base_options(24);

@@ -13,6 +13,7 @@
 #include "cpu/reference_mx.h"
 #include "cuda/experts/experts_mx_layout.h"
 #include "cuda/prefill/prefill_mx.h"
+#include "mx_matrices_test_util.h"
 #include "prefill_test_util.h"
 
 namespace moekit {
@@ -35,34 +36,17 @@ TEST(GpuPrefillMxSmall, WideningGivesTheReferenceWeights) {
     SCOPED_TRACE(std::string(expert_format_name(m.f)) + (m.gate_up ? " gate/up" : " down") + " " +
                  std::to_string(m.rows) + " x " + std::to_string(m.k));
     constexpr int kExperts = 3;
-    const size_t row_bytes = mx_row_bytes(m.f, m.k), groups = m.k / kMxGroup;
-    const size_t bytes = m.rows * row_bytes, scale_bytes = m.rows * groups;
-    const size_t layout_scales = cuda::mx_scale_layout_bytes(m.f, m.rows, m.k);
-    std::mt19937 rng(17 + m.rows);
-    std::vector<uint8_t> q(kExperts * bytes), s(kExperts * scale_bytes);
-    for (uint8_t& b : q) {
-      b = static_cast<uint8_t>(rng());
-      if (m.f == ExpertFormat::Mxfp8 && (b & 0x7f) == 0x7f) b ^= 1;  // (no e4m3 NaN)
-    }
-    for (size_t i = 0; i < s.size(); ++i) {
-      // mostly near 127; every 7th past the one-multiply range, every 11th the subnormal 0
-      s[i] = i % 11 == 0  ? 0
-             : i % 7 == 0 ? static_cast<uint8_t>(200 + rng() % 50)
-                          : static_cast<uint8_t>(110 + rng() % 30);
-    }
-    std::vector<uint8_t> tiled(q.size()), tiled_scales(kExperts * layout_scales);
-    for (int e = 0; e < kExperts; ++e) {
-      cuda::mx_tile_rows(m.f, m.gate_up, m.rows, m.k, q.data() + e * bytes,
-                         tiled.data() + e * bytes);
-      cuda::mx_tile_scales(m.f, m.gate_up, m.rows, m.k, s.data() + e * scale_bytes,
-                           tiled_scales.data() + e * layout_scales);
-    }
-    for (size_t i = 0; i < tiled.size(); i += 4) {
-      uint32_t w;
-      std::memcpy(&w, tiled.data() + i, 4);
-      w = cuda::mx_kernel_word(m.f, w);
-      std::memcpy(tiled.data() + i, &w, 4);
-    }
+    // mostly near 127; every 7th past the one-multiply range, every 11th the subnormal 0
+    const RandomMxExperts x(m.f, m.gate_up, m.rows, m.k, kExperts, 17 + m.rows,
+                            [](size_t i, std::mt19937& rng) {
+                              return i % 11 == 0  ? uint8_t{0}
+                                     : i % 7 == 0 ? static_cast<uint8_t>(200 + rng() % 50)
+                                                  : static_cast<uint8_t>(110 + rng() % 30);
+                            });
+    const size_t row_bytes = x.row_bytes, groups = x.groups;
+    const size_t bytes = x.bytes, scale_bytes = x.scale_bytes;
+    const std::vector<uint8_t>&q = x.q, &s = x.s;
+    const std::vector<uint8_t>&tiled = x.tiled, &tiled_scales = x.tiled_scales;
     const Dev packed(tiled), scales(tiled_scales);
     // expert 1 has no rows: its widening is skipped
     std::vector<cuda::PrefillProblem> problems = {

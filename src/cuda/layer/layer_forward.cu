@@ -316,6 +316,7 @@ void GpuMoeLayer::Impl::forward_grouped(const plan::LayerPlan& pl, const void* x
     p.w2_mx = wp.w2_mx;
     p.w2_mx_scale = wp.w2_mx_scale;
     p.mx_chunk = pl.grouped_mx_chunk;
+    p.mx_tile_m = pl.grouped_mx_tile;
   }
   p.b13 = spec.has_expert_bias ? wp.b13 : nullptr;
   p.b2 = spec.has_expert_bias ? wp.b2 : nullptr;

@@ -57,7 +57,11 @@ void check_mx_params(const PrefillParams& p) {
            "prefill: MX weights must be 16-byte aligned, got "
                << static_cast<const void*>(p.w13_mx) << " and "
                << static_cast<const void*>(p.w2_mx));
-  MK_CHECK(p.mx_chunk >= 1, "prefill: MX weights need mx_chunk >= 1, got " << p.mx_chunk);
+  MK_CHECK((p.mx_chunk >= 1 && p.mx_tile_m == 0) ||
+               (p.mx_chunk == 0 && (p.mx_tile_m == 64 || p.mx_tile_m == 128)),
+           "prefill: MX weights need mx_chunk >= 1 (widened) or mx_tile_m 64 or 128 (the packed "
+           "GEMM), got mx_chunk "
+               << p.mx_chunk << ", mx_tile_m " << p.mx_tile_m);
 }
 
 void check_params(const PrefillParams& p) {
@@ -166,9 +170,14 @@ void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream) {
       run_prefill_gemm_fp8(arrays, p.rows, kernel, gemm_workspace, stream);
     }
   };
-  // MX: each run of mx_chunk experts widened into mx_weights, then the GEMM of its groups
+  // MX: the packed GEMM, or each run of mx_chunk experts widened into mx_weights, then the
+  // GEMM of its groups
   auto gemm_mx = [&](const MxMatrices& m, const PrefillGroupArrays& arrays, int n, int kernel,
                      void* gemm_workspace) {
+    if (mx_chunk == 0) {
+      run_prefill_gemm_mx(m, arrays, p.rows, p.mx_tile_m, stream);
+      return;
+    }
     for (int first = 0; first < p.rows; first += mx_chunk) {
       const int groups = std::min(mx_chunk, p.rows - first);
       launch_mx_widen(m, first, groups, arrays.problems, ws.mx_weights, stream);

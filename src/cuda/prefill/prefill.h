@@ -32,7 +32,8 @@
 // W8A16 / W4A16 as the CPU reference does (reference_mx.cpp): each GEMM runs over runs of
 // mx_chunk experts, the run's matrices first widened to their exact bf16 weights in the
 // workspace (prefill_mx.h; experts without rows skipped), then the bf16 grouped GEMM of those
-// groups; the other steps as the bf16 path's.
+// groups; or (mx_tile_m) as one GEMM that reads the packed bytes itself (run_prefill_gemm_mx);
+// the other steps as the bf16 path's.
 //
 // No host synchronisation: every size the host needs is the token count and the spec's shapes,
 // so a CUDA graph can capture a launch. The result does not depend on the order of the pairs
@@ -83,6 +84,7 @@ struct PrefillParams {
   const uint8_t* w2_mx = nullptr;         // [rows][H * mx_row_bytes(I)]
   const uint8_t* w2_mx_scale = nullptr;   // [rows][mx_scale_layout_bytes(H, I)]
   int mx_chunk = 0;  // experts widened at a time: what `workspace` was sized for, or fewer
+  int mx_tile_m = 0;  // or, with mx_chunk 0, the packed GEMM's token tile (64 or 128)
   Activation activation = Activation::Silu;
   float limit = 0.0f, alpha = 1.702f, beta = 1.0f;  // MoeSpec's swiglu_limit / _alpha / _beta
   // the unfused shared MLP's output [T, H] fp32 and its per-token scale [T]: both or neither
@@ -114,7 +116,7 @@ size_t prefill_workspace_bytes(int max_tokens, int slots, int rows, int hidden, 
 // Whether the current device runs the path (sm_90a: compute capability 9.0); else `why`.
 bool prefill_supported(const char** why = nullptr);
 
-// Runs the path in `stream` (7 launches; MX: 2 more per run of mx_chunk experts). Throws
+// Runs the path in `stream` (7 launches; MX widened: 2 more per run of mx_chunk experts). Throws
 // moekit::Error naming the bad field before any launch (shapes, alignment, the workspace's size).
 void launch_prefill_experts(const PrefillParams& p, cudaStream_t stream);
 

@@ -287,7 +287,7 @@ void launch_prefill_plan(const PrefillParams& p, const PrefillWorkspace& ws, cud
   const bool mx = p.mx != ExpertFormat::Bf16;
   a.w13 = mx ? ws.mx_weights : p.w13;
   a.w2 = mx ? ws.mx_weights : p.w2;
-  a.weight_groups = mx ? p.mx_chunk : p.rows;
+  a.weight_groups = mx && p.mx_chunk > 0 ? p.mx_chunk : p.rows;  // (packed MX: b not read)
   a.fp8 = p.w13_fp8 != nullptr;
   a.w13_fp8 = p.w13_fp8;
   a.w13_scale = p.w13_scale;
