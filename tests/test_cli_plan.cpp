@@ -181,12 +181,18 @@ TEST(CliPlan, MxPlansRunTheMxInstances) {
     EXPECT_NE(r.out.find(std::string("bulk_gate_up_") + dtype), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(std::string("bulk_down_") + dtype), std::string::npos) << r.out;
   }
-  // at 1024 tokens (32 routed per expert) the MX prefill path, in runs of widened experts
+  // at 1024 tokens (32 routed per expert) the MX prefill path on the packed GEMM; at 8192 (256)
+  // in runs of widened experts
   const CliOutput r = run_moekit("plan --model gpt-oss-120b --batch 1024 --dtype mxfp4");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("grouped, mxfp4 w4a16"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("widen    mxfp4 experts to bf16, 16 at a time (8 runs"), std::string::npos)
+  EXPECT_NE(r.out.find("packed   mxfp4 GEMMs on the packed bytes, tiles of 64"), std::string::npos)
       << r.out;
+  const CliOutput wide = run_moekit("plan --model gpt-oss-120b --batch 8192 --dtype mxfp4");
+  ASSERT_EQ(wide.status, 0) << wide.out;
+  EXPECT_NE(wide.out.find("widen    mxfp4 experts to bf16, 16 at a time (8 runs"),
+            std::string::npos)
+      << wide.out;
 }
 
 // --dtype fp8: DeepSeek-V3's fp8 plan, the fp8 instances, the shared expert fused.

@@ -126,21 +126,25 @@ TEST(MxGpuLayout, DeviceBytesCountThePackedExperts) {
     const size_t mx = gpu_layer_device_bytes(spec, 64, DType::BF16, f);
     const size_t packed = 3 * I * mx_row_bytes(f, H) + 3 * I * H / kMxGroup;
     EXPECT_EQ(bf16 - mx, rows * (3 * I * H * 2 - packed) + 3 * Is * H * 2) << model;
-    // at 4096 tokens the prefill path runs, and MX widens a run of experts to bf16 beside it
+    // at 8192 tokens the prefill path runs, and MX widens a run of experts to bf16 beside it (at
+    // 4096, 128 routed tokens per expert, the packed GEMM widens nothing)
     const size_t chunk = static_cast<size_t>(plan::experts_grouped_mx_chunk(
         static_cast<int>(rows), static_cast<int>(H), static_cast<int>(I), -1));
     EXPECT_GE(chunk, 1u) << model;
-    EXPECT_EQ(gpu_layer_device_bytes(spec, 4096, DType::BF16) + chunk * 2 * I * H * 2 -
-                  gpu_layer_device_bytes(spec, 4096, DType::BF16, f),
+    EXPECT_EQ(gpu_layer_device_bytes(spec, 8192, DType::BF16) + chunk * 2 * I * H * 2 -
+                  gpu_layer_device_bytes(spec, 8192, DType::BF16, f),
               rows * (3 * I * H * 2 - packed) + 3 * Is * H * 2)
         << model;
     // the run the layer's plan holds (a MOEKIT_EXPERTS_MX_CHUNK override; 0: not that path)
-    const size_t mx4096 = gpu_layer_device_bytes(spec, 4096, DType::BF16, f);
-    EXPECT_EQ(gpu_layer_device_bytes(spec, 4096, DType::BF16, f, 3) + (chunk - 3) * 2 * I * H * 2,
-              mx4096)
+    const size_t mx8192 = gpu_layer_device_bytes(spec, 8192, DType::BF16, f);
+    EXPECT_EQ(gpu_layer_device_bytes(spec, 8192, DType::BF16, f, 3) + (chunk - 3) * 2 * I * H * 2,
+              mx8192)
         << model;
     EXPECT_EQ(gpu_layer_device_bytes(spec, 64, DType::BF16, f, 5), mx + 5 * 2 * I * H * 2) << model;
-    EXPECT_EQ(gpu_layer_device_bytes(spec, 4096, DType::BF16, f, 0), mx4096 - chunk * 2 * I * H * 2)
+    EXPECT_EQ(gpu_layer_device_bytes(spec, 8192, DType::BF16, f, 0), mx8192 - chunk * 2 * I * H * 2)
+        << model;
+    EXPECT_EQ(gpu_layer_device_bytes(spec, 4096, DType::BF16, f),
+              gpu_layer_device_bytes(spec, 4096, DType::BF16, f, 0))
         << model;
   }
 }

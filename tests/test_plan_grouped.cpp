@@ -50,12 +50,18 @@ TEST(PlanRules, MxGroupedPathFrom24RoutedTokensPerExpertInRunsOfHalfAGibibyte) {
   EXPECT_EQ(experts_grouped_mx_chunk(129, 16384, 16384, -1), 1);  // 1 GiB each: one at a time
   EXPECT_EQ(experts_grouped_mx_chunk(5, 64, 64, -1), 5);          // at most the rows
   EXPECT_EQ(experts_grouped_mx_chunk(129, 6144, 3072, 40), 40);
-  // the GEMMs on widened matrices unless the packed GEMM is asked for, with its tile
-  EXPECT_EQ(experts_grouped_mx_tile(-1), 0);
-  EXPECT_EQ(experts_grouped_mx_tile(0), 0);
-  EXPECT_EQ(experts_grouped_mx_tile(64), 64);
-  EXPECT_EQ(experts_grouped_mx_tile(128), 128);
-  test::expect_error([] { experts_grouped_mx_tile(96); }, {"expected 0, 64 or 128, got 96"});
+  // the packed GEMM up to 128 routed tokens per expert (gpt-oss-120b: 4096 tokens), tiles of 128
+  // from 64 of them; widened above; a setting as it is
+  EXPECT_EQ(experts_grouped_mx_tile(768, 4, 128, -1), 64);
+  EXPECT_EQ(experts_grouped_mx_tile(2047, 4, 128, -1), 64);
+  EXPECT_EQ(experts_grouped_mx_tile(2048, 4, 128, -1), 128);
+  EXPECT_EQ(experts_grouped_mx_tile(4096, 4, 128, -1), 128);
+  EXPECT_EQ(experts_grouped_mx_tile(4097, 4, 128, -1), 0);
+  EXPECT_EQ(experts_grouped_mx_tile(4096, 4, 128, 0), 0);
+  EXPECT_EQ(experts_grouped_mx_tile(16384, 4, 128, 64), 64);
+  EXPECT_EQ(experts_grouped_mx_tile(768, 4, 128, 128), 128);
+  test::expect_error([] { experts_grouped_mx_tile(4096, 4, 128, 96); },
+                     {"expected 0, 64 or 128, got 96"});
 }
 
 // docs/decisions/experts_grouped_tile.md

@@ -92,11 +92,31 @@ TEST(PlanMx, Mxfp4ConsumerGroupsFromTheirBatch) {
 
 // From the prefill rule on, the prefill path: both GEMMs in runs of experts widened to bf16
 // (as many as kMxWidenBytes of gate/up matrices hold), the shared expert a fused group.
-TEST(PlanMx, PrefillBatchesWidenRunsOfExperts) {
-  for (int tokens : {768, 1024, 16384}) {
+TEST(PlanMx, PrefillBatchesRunThePackedGemmThenWidenRunsOfExperts) {
+  // up to 128 routed tokens per expert the packed GEMM: no run widened, its tile by the rows
+  for (const auto [tokens, tile] :
+       {std::pair{768, 64}, std::pair{2048, 128}, std::pair{4096, 128}}) {
+    for (const auto& [model, f] : {std::pair{"gpt-oss-120b", ExpertFormat::Mxfp4},
+                                   std::pair{"minimax-m3", ExpertFormat::Mxfp8}}) {
+      const LayerPlan p = mx_plan(model, tokens, f);
+      EXPECT_EQ(p.stream, Stream::Grouped) << model << " " << tokens;
+      EXPECT_EQ(p.grouped_mx_tile, tile) << model << " " << tokens;
+      EXPECT_EQ(p.grouped_mx_chunk, 0) << model << " " << tokens;
+      EXPECT_EQ(p.grouped_mx_runs, 0) << model << " " << tokens;
+      EXPECT_NE(describe(p).find("GEMMs on the packed bytes, tiles of " + std::to_string(tile)),
+                std::string::npos)
+          << describe(p);
+      EXPECT_NE(to_json(p).find("\"grouped_mx_tile\":" + std::to_string(tile)), std::string::npos)
+          << to_json(p);
+    }
+    // router, routing; plan (2), permute, activation, combine; the two GEMMs
+    EXPECT_EQ(own_launches(mx_plan("gpt-oss-120b", tokens, ExpertFormat::Mxfp4)), 2 + 5 + 2);
+  }
+  for (int tokens : {4097, 16384}) {
     const LayerPlan gpt = mx_plan("gpt-oss-120b", tokens, ExpertFormat::Mxfp4);
     EXPECT_EQ(gpt.stream, Stream::Grouped) << tokens;
     // gate/up [5760, 2880] in bf16: 33 MB, so 16 experts in 512 MiB, 8 runs of 128
+    EXPECT_EQ(gpt.grouped_mx_tile, 0) << tokens;
     EXPECT_EQ(gpt.grouped_mx_chunk, 16) << tokens;
     EXPECT_EQ(gpt.grouped_mx_runs, 8) << tokens;
     EXPECT_TRUE(gpt.experts.empty());
@@ -111,6 +131,7 @@ TEST(PlanMx, PrefillBatchesWidenRunsOfExperts) {
     EXPECT_EQ(m3.grouped_mx_runs, 19) << tokens;
   }
   PlanOverrides o;
+  o.grouped_mx_tile = 0;
   o.grouped_mx_chunk = 5;
   const LayerPlan p = mx_plan("minimax-m3", 1024, ExpertFormat::Mxfp8, FuseShared::Auto, o);
   EXPECT_EQ(p.grouped_mx_chunk, 5);

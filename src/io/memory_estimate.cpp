@@ -160,11 +160,12 @@ size_t gpu_layer_device_bytes(const MoeSpec& spec, int max_tokens, DType experts
   const size_t decode = add(mul(pairs, I * 2 + H * 4 + (fp8 ? I + I / 32 : 0)),
                             fp8 ? mul(T, H + H / 32) : 0);
   // (MX on the prefill path: a run of experts widened to bf16, the given one or the plan's
-  // default where its rule holds at max_tokens)
+  // default where its rules widen at max_tokens)
   MK_CHECK(mx_widen_chunk >= -1, "expected mx_widen_chunk >= -1, got " << mx_widen_chunk);
+  const int t_max = static_cast<int>(std::min<size_t>(T, 1 << 30));
   const bool default_widens =
-      is_mx && plan::experts_grouped_path_mx(static_cast<int>(std::min<size_t>(T, 1 << 30)),
-                                             spec.top_k, static_cast<int>(E), -1);
+      is_mx && plan::experts_grouped_path_mx(t_max, spec.top_k, static_cast<int>(E), -1) &&
+      plan::experts_grouped_mx_tile(t_max, spec.top_k, static_cast<int>(E), -1) == 0;
   const size_t widen_chunk =
       !is_mx                ? 0
       : mx_widen_chunk >= 0 ? static_cast<size_t>(mx_widen_chunk)

@@ -75,8 +75,9 @@ int experts_grouped_mx_chunk(int rows, int hidden, int inter, int setting);
 
 // The MX prefill GEMM: 0, experts widened to bf16 then the bf16 GEMMs (experts_grouped_mx_chunk),
 // or 64 / 128, the GEMM that reads the packed bytes itself with that token tile. `setting` when
-// >= 0; else widened, the path measured against the MX instances (docs/decisions/mx_experts.md).
-int experts_grouped_mx_tile(int setting);
+// >= 0; else the packed GEMM up to 128 routed tokens per expert, its tile of 128 from 64 of them
+// (docs/decisions/mx_experts.md).
+int experts_grouped_mx_tile(int tokens, int top_k, int experts, int setting);
 
 // Whether the bulk kernels run tasks of up to 16 tokens through the ring of weights only, so that
 // an expert of 9-16 tokens streams its weights once: from 9 tokens and `from` (setting, else 8)

@@ -198,7 +198,7 @@ LayerPlan plan_layer(const MoeSpec& spec, int tokens, FuseShared fuse,
     p.grouped_down = gemms.down;
     if (mx) {
       const int rows = sh.E + s_run;
-      p.grouped_mx_tile = experts_grouped_mx_tile(overrides.grouped_mx_tile);
+      p.grouped_mx_tile = experts_grouped_mx_tile(tokens, sh.K, sh.E, overrides.grouped_mx_tile);
       if (p.grouped_mx_tile == 0) {
         p.grouped_mx_chunk = experts_grouped_mx_chunk(rows, sh.H, sh.I, overrides.grouped_mx_chunk);
         p.grouped_mx_runs = (rows + p.grouped_mx_chunk - 1) / p.grouped_mx_chunk;

@@ -80,7 +80,10 @@ const char* path_name(MxPath p) {
 cuda::GpuLayerOptions path_options(int max_tokens, MxPath path) {
   cuda::GpuLayerOptions opt = base_options(max_tokens);
   opt.overrides.stream = path == MxPath::Bulk ? plan::Stream::Bulk : plan::Stream::Grouped;
-  if (path == MxPath::Widened) opt.overrides.grouped_mx_chunk = 3;
+  if (path == MxPath::Widened) {
+    opt.overrides.grouped_mx_tile = 0;
+    opt.overrides.grouped_mx_chunk = 3;
+  }
   if (path == MxPath::Packed64) opt.overrides.grouped_mx_tile = 64;
   if (path == MxPath::Packed128) opt.overrides.grouped_mx_tile = 128;
   return opt;
