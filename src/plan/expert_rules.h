@@ -16,7 +16,7 @@ constexpr int kDownDeepTokens = 8;      // docs/decisions/experts_down_deep_ring
 constexpr int kOneTokenRings = 1;       // docs/decisions/experts_one_token_rings.md
 constexpr int kSelfRouteTokens = 1;     // docs/decisions/experts_self_route.md
 constexpr int kSharedDenseTokens = 8;   // docs/decisions/shared_dense.md
-constexpr int kMxGroupsTokens = 8;      // docs/decisions/mx_experts.md
+constexpr int kMxGroupsTokens = 2;      // docs/decisions/mx_experts.md
 constexpr int kBlockK = 64;             // the expert kernels' k block (elements)
 constexpr double kGroupedTile64RowCost = 1.07;  // docs/decisions/experts_grouped_tile.md
 constexpr int kGroupedTile64UpToTokens = 4096;  // docs/decisions/experts_grouped_gemms.md
@@ -162,8 +162,8 @@ struct KernelChoice {
 int select_expert_kernel(const KernelChoice& c);
 
 // Whether the bulk MX kernels run their consumer warps as two groups taking alternate items:
-// MXFP4's from `from_tokens` tokens (0: never). Below kMxGroupsTokens a CTA holds too few items
-// for the groups' overlap to make up for each item's doubled time (docs/decisions/mx_experts.md).
+// MXFP4's from `from_tokens` tokens (0: never). At one token a CTA holds too few items for the
+// groups' overlap to make up for each item's doubled time (docs/decisions/mx_experts.md).
 bool experts_mx_consumer_groups(ExpertFormat f, int tokens, int from_tokens);
 
 }  // namespace moekit::plan
