@@ -108,9 +108,8 @@ int experts_grouped_mx_tile(int tokens, int top_k, int experts, int setting) {
            "experts_grouped_mx_tile: expected 0, 64 or 128, got " << setting);
   if (setting >= 0) return setting;
   // why: the packed GEMM reads each packed byte once where the widening writes and reads the
-  // bf16 matrices again, a cost the batch does not share out; measured ahead of it from 32 to 128
-  // routed tokens per expert (level with it at 128 on MiniMax-M3), not above. Tiles of 64 pad
-  // less below 64 tokens per expert.
+  // bf16 matrices again, a cost that more tokens share out; up to 128 routed tokens per expert
+  // the packed GEMM is the faster, above it is not measured. Tiles of 64 pad less below 64.
   const long long routed = static_cast<long long>(tokens) * top_k;
   if (routed > 128LL * experts) return 0;
   return routed >= 64LL * experts ? 128 : 64;

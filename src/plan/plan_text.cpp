@@ -175,7 +175,7 @@ PlanOverrides plan_overrides_from_env(PlanOverrides o) {
   {
     constexpr const char* kTiles = "0 (widen), 64 or 128 (the packed GEMM's token tile)";
     const int tile = env_int("MOEKIT_EXPERTS_MX_GEMM", -1, 0, 128, kTiles);
-    MK_CHECK(tile < 0 || tile == 0 || tile == 64 || tile == 128,
+    MK_CHECK(tile <= 0 || tile == 64 || tile == 128,
              "MOEKIT_EXPERTS_MX_GEMM='" << tile << "' (expected " << kTiles << ")");
     if (tile >= 0) o.grouped_mx_tile = tile;
   }
