@@ -6,24 +6,18 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "expect_error.h"
-#include "io/tensor_convert.h"
 #include "io_test_util.h"
 #include "moekit/checkpoint.h"
 #include "moekit/error.h"
 #include "moekit/safetensors.h"
 #include "moekit/weights.h"
 
-using moekit::Bf16;
 using moekit::CheckpointNaming;
 using moekit::DType;
 using moekit::LayerWeights;

@@ -1,37 +1,28 @@
 // Malformed checkpoints are refused naming the tensor, what was expected and what was found:
 // missing tensors, wrong shapes and dtypes, fp8 without its block scale, directories and indexes
 // that point nowhere, hash-routed layers, and the committed malformed fixtures.
-#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "expect_error.h"
-#include "io/tensor_convert.h"
 #include "io_test_util.h"
 #include "moekit/checkpoint.h"
 #include "moekit/error.h"
 #include "moekit/safetensors.h"
 #include "moekit/weights.h"
 
-using moekit::Bf16;
 using moekit::CheckpointNaming;
 using moekit::DType;
-using moekit::LayerWeights;
 using moekit::MoeSpec;
 using moekit::SafetensorsFile;
-using moekit::SaveCheckpointOptions;
 using moekit::test::scratch_dir;
 using moekit::test::small_spec;
 using moekit::test::test_layer;
-using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 namespace {

@@ -8,12 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <fstream>
-#include <functional>
-#include <nlohmann/json.hpp>
-#include <set>
 
-#include "expect_error.h"
 #include "io/tensor_convert.h"
 #include "io_test_util.h"
 #include "moekit/checkpoint.h"
@@ -21,13 +16,10 @@
 #include "moekit/safetensors.h"
 #include "moekit/weights.h"
 
-using moekit::Bf16;
 using moekit::CheckpointNaming;
 using moekit::DType;
-using moekit::LayerWeights;
 using moekit::MoeSpec;
 using moekit::SafetensorsFile;
-using moekit::SaveCheckpointOptions;
 using moekit::test::scratch_dir;
 using moekit::test::small_spec;
 using moekit::test::test_layer;
