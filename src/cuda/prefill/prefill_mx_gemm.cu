@@ -3,16 +3,18 @@
 // bulk MX kernels' bit moves and multiply (experts_mx.cuh), so the GEMM reads the packed bytes
 // once instead of a widened bf16 copy written and read again.
 //
-// A persistent CTA takes tiles of kBm tokens x 128 weight rows (8 held tiles of 16 rows; the
-// matrix's last n-tile may hold fewer, the rest zeros) of the groups, the m-tiles of one weight
-// tile consecutive, so CTAs that run together share its bytes in L2. Its K loop moves 128 elements
-// a step (64 packed bytes a row for MXFP4, 128 for MXFP8, and each row's 4 e8m0 bytes) through a
-// 3-stage cp.async ring; 8 warps, 2 along the tokens and 4 along the rows, each own 32 rows x kBm /
-// 2 tokens. A thread's 16-byte pieces of rows g and g + 8 are the bulk kernels' (bytes 16t, and 64
-// + 16t for MXFP8, of the step's bytes), their bf16 pairs the A fragments of the m16n8k16 mma in
-// natural element order, and its B fragments the tokens' activations at the same elements, 8 bytes
-// a step from a shared row whose 16-byte units are swizzled so that a half-warp's loads meet at
-// most two to a bank.
+// A persistent CTA takes tiles of 128 weight rows (8 held tiles of 16 rows; the matrix's last
+// n-tile may hold fewer, the rest zeros) x kBm tokens of the groups, the m-tiles of one weight tile
+// consecutive, so CTAs that run together share its bytes in L2. Its K loop moves 128 elements a
+// step (64 packed bytes a row for MXFP4, 128 for MXFP8, and each row's 4 e8m0 bytes, and the
+// tokens' activations) through a ring of cp.async stages, as many as shared memory holds. Two
+// warpgroups own 64 weight rows each: they make the A fragments of Hopper's warpgroup mma
+// (wgmma.cuh) in registers from the step's packed words and multiply them into all kBm tokens,
+// whose activations wgmma reads from shared memory in the 128-byte swizzle, K-major, in natural
+// element order. The m16n8k16 A fragment gives lane (g, t) elements 2t, 2t + 1 of each 8, so a
+// thread takes bf16 pair t of every MXFP4 word (8 elements), pair t % 2 of MXFP8 words t / 2 and
+// 2 + t / 2 of every 16 elements; the step's A fragments are double-buffered so that a
+// warpgroup's mma of one step runs while it makes the next step's.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,6 +22,7 @@
 #include <type_traits>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/wgmma.cuh"
 #include "cuda/experts/experts_common.cuh"
 #include "cuda/experts/experts_mx.cuh"
 #include "cuda/experts/experts_mx_layout.h"
@@ -29,32 +32,36 @@
 namespace moekit::cuda {
 namespace {
 
-using experts_detail::mma_bf16;
 using experts_detail::mx_factors;
 using experts_detail::mx_weight;
 using experts_detail::MxBits;
 
-constexpr int kThreads = 256;
-constexpr int kBn = 128;         // weight rows a tile: 8 held tiles
-constexpr int kStepElems = 128;  // elements of K a step
-constexpr int kStages = 3;
+constexpr int kThreads = 256;    // two warpgroups
+constexpr int kBn = 128;         // weight rows a tile: 8 held tiles, 64 a warpgroup
+constexpr int kStepElems = 128;  // elements of K a step: 8 wgmma k-steps
+constexpr int kKSteps = kStepElems / 16;
 constexpr int kMaxGroups = 1024;  // groups whose tile counts a CTA keeps in shared memory
-constexpr int kActRowBytes = kStepElems * 2;
+constexpr int kSmemLimit = 227 * 1024;
+constexpr int kAtomBytes = 128;  // a token's row of one 128-byte swizzle atom: 64 elements
 constexpr int kStepScales = kStepElems / kMxGroup;  // e8m0 bytes of a row a step
 
 template <ExpertFormat F, int kBm>
 struct Tile {
   static constexpr int kElems = mx_elems_per_byte(F);
   static constexpr int kRowBytes = kStepElems / kElems;  // packed bytes of a row a step
-  static constexpr int kPieces = kRowBytes / 64;         // a thread's pieces of a row (q)
-  static constexpr int kSteps = MxBits<F>::kPairs / 2;   // mma steps of a piece
-  static constexpr int kWarpTokens = kBm / 2;
-  static constexpr int kNt = kWarpTokens / 8;  // n8 tiles of a warp
+  static constexpr int kUnits = kRowBytes / 16;
+  // a stage: the activations ([atom][token][128 bytes], 1024-byte aligned), the weights, the
+  // e8m0 bytes (padded to keep the next stage aligned)
+  static constexpr int kActBytes = kBm * 2 * kAtomBytes;
   static constexpr int kWeightBytes = kBn * kRowBytes;
-  static constexpr int kScaleBytes = kBn * kStepScales;
-  static constexpr int kActBytes = kBm * kActRowBytes;
-  static constexpr int kStageBytes = kWeightBytes + kScaleBytes + kActBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes + (kMaxGroups + 1) * 4;
+  static constexpr int kScaleBytes = 1024;
+  static constexpr int kStageBytes = kActBytes + kWeightBytes + kScaleBytes;
+  static constexpr int kTailBytes = 1024 + (kMaxGroups + 1) * 4;  // alignment, tile counts
+  static constexpr int kStages =
+      (kSmemLimit - kTailBytes) / kStageBytes < 8 ? (kSmemLimit - kTailBytes) / kStageBytes : 8;
+  static constexpr int kAhead = kStages - 2;  // steps in flight ahead of the one computed
+  static constexpr int kSmemBytes = kStages * kStageBytes + kTailBytes;
+  static_assert(kStageBytes % 1024 == 0 && kStages >= 3, "the ring's stages");
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -80,10 +87,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-// The 16-byte unit of a token's shared row where unit c of its step's activations lives: units
-// 8 apart (MXFP4's pieces t and t + 2) and consecutive rows' part at one unit's bank offset.
-__device__ __forceinline__ int act_unit(int c, int row) {
-  return c ^ ((c >> 3 & 1) << 1) ^ (row & 1);
+// The 16-byte unit of a weight row's step bytes where unit u lives: the 8 rows of a warp's loads
+// (rows g, one unit) on distinct banks.
+template <ExpertFormat F>
+__device__ __forceinline__ int weight_unit(int u, int r) {
+  return F == ExpertFormat::Mxfp4 ? u ^ (r >> 1 & 3) : u ^ (r & 7);
 }
 
 // Where byte x of row i of held tile j lies in the matrix's packed bytes, and its e8m0 bytes:
@@ -103,20 +111,55 @@ __device__ __forceinline__ HeldRow held_row(int j, int i, int x, int row_bytes, 
               (x - off) * mx_elems_per_byte(F) / kMxGroup};
 }
 
+// A thread's bf16 pair bits of one packed word: pair t (of 4) of an MXFP4 word, pair t % 2 (of 2)
+// of an MXFP8 word (mx_pair_bits with the pair a register: MXFP4 pairs 0-2 take one rotation and
+// mask, pair 3 two, so every lane takes two, the second masked to nothing below pair 3).
+struct PairPick {
+  uint32_t rot1, rot2, mask1, mask2, shift;
+};
+template <ExpertFormat F>
+__device__ __forceinline__ PairPick pair_pick(int t) {
+  if constexpr (F == ExpertFormat::Mxfp8) {
+    return {0, 0, 0, 0, 8u * (t & 1)};
+  } else {
+    const bool three = t == 3;
+    const uint32_t rot = t == 0   ? mx_fp4_rotate(0)
+                         : t == 1 ? mx_fp4_rotate(1)
+                         : t == 2 ? mx_fp4_rotate(2)
+                                  : mx_fp4_rotate(3);
+    return {rot, three ? static_cast<uint32_t>(kMxfp4Rotate3Top) : 0u,
+            three ? kMxfp4Pair3Low : kMxfp4Pair, three ? (kMxfp4Pair & ~kMxfp4Pair3Low) : 0u, 0};
+  }
+}
+template <ExpertFormat F>
+__device__ __forceinline__ uint32_t pair_bits(uint32_t w, const PairPick& p) {
+  if constexpr (F == ExpertFormat::Mxfp8) {
+    const uint32_t v = w << p.shift;
+    return ((v >> 4) & 0x07f007f0u) | (v & 0x80008000u);
+  } else {
+    return (__funnelshift_l(w, w, p.rot1) & p.mask1) | (__funnelshift_l(w, w, p.rot2) & p.mask2);
+  }
+}
+
 template <ExpertFormat F, int kBm>
 __global__ void __launch_bounds__(kThreads, 1)
     mx_gemm_kernel(MxMatrices m, PrefillGroupArrays g, int groups) {
   using T = Tile<F, kBm>;
-  extern __shared__ __align__(16) unsigned char smem[];
-  int* tile_start = reinterpret_cast<int*>(smem + kStages * T::kStageBytes);  // [groups + 1]
+  constexpr int kS = T::kStages, kAhead = T::kAhead;
+  if constexpr (!wgmma::kAvailable) __trap();  // (run_prefill_gemm_mx launches on sm_90 only)
+  extern __shared__ unsigned char smem_raw[];
+  // the stages 1024-byte aligned (the swizzle atoms' rows), the tile counts after them
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  int* tile_start = reinterpret_cast<int*>(smem + kS * T::kStageBytes);  // [groups + 1]
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int gq = lane >> 2, t = lane & 3;
-  const int warp_m = warp & 1, warp_n = warp >> 1;
+  const int row_lo = 16 * warp + gq;  // the thread's rows of the tile: row_lo, row_lo + 8
   const int row_bytes = m.k / T::kElems, chunks = mx_row_chunks(F, m.k);
   const int n_tiles = (m.rows + kBn - 1) / kBn;  // (the last may hold fewer held tiles)
   const int k_steps = (m.k + kStepElems - 1) / kStepElems;
   const long long matrix_bytes = static_cast<long long>(m.rows) * row_bytes;
   const long long matrix_scales = static_cast<long long>(chunks) * m.rows * mx_chunk_scale_bytes(F);
+  const PairPick pick = pair_pick<F>(t);
 
   // tile_start[group] = the m-tiles of the groups before it, by one warp's scan
   if (warp == 0) {
@@ -159,17 +202,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint8_t* packed = m.packed + grp * matrix_bytes;
     const uint8_t* scales = m.scales + grp * matrix_scales;
 
-    // one step's copies into stage s: weights and e8m0 bytes of the 128 rows, activations of the
-    // kBm tokens (zeros past the group's rows and past K)
+    // one step's copies into stage s: the kBm tokens' activations (zeros past the group's rows
+    // and past K) into the swizzle atoms, the 128 rows' weights and e8m0 bytes
     auto load_step = [&](int s, int ks) {
       unsigned char* st = smem + s * T::kStageBytes;
+      for (int u = tid; u < kBm * (kStepElems / 8); u += kThreads) {
+        const int r = u / (kStepElems / 8), c = u % (kStepElems / 8);
+        const int row = m_tile * kBm + r, k = ks * kStepElems + 8 * c;
+        const bool in = row < rows_m && k < m.k;
+        const __nv_bfloat16* src = a + (in ? row * lda + k : 0);
+        cp_async16(st + (c >> 3) * (kBm * kAtomBytes) + r * kAtomBytes + 16 * ((c & 7) ^ (r & 7)),
+                   src, in);
+      }
+      unsigned char* wts = st + T::kActBytes;
       const int x0 = ks * T::kRowBytes;
-      for (int u = tid; u < kBn * (T::kRowBytes / 16); u += kThreads) {
-        const int r = u / (T::kRowBytes / 16), x = x0 + 16 * (u % (T::kRowBytes / 16));
+      for (int u = tid; u < kBn * T::kUnits; u += kThreads) {
+        const int r = u / T::kUnits, c = u % T::kUnits, x = x0 + 16 * c;
         const bool in = x < row_bytes && n_tile * kBn + r < m.rows;
         const HeldRow h =
             in ? held_row<F>(n_tile * 8 + r / 16, r % 16, x, row_bytes, chunks) : HeldRow{0, 0};
-        cp_async16(st + r * T::kRowBytes + (x - x0), packed + h.byte, in);
+        cp_async16(wts + r * T::kRowBytes + 16 * weight_unit<F>(c, r), packed + h.byte, in);
       }
       if (tid < kBn) {
         const int r = tid;
@@ -177,124 +229,126 @@ __global__ void __launch_bounds__(kThreads, 1)
         const HeldRow h =
             in ? held_row<F>(n_tile * 8 + r / 16, r % 16, x0, row_bytes, chunks) : HeldRow{0, 0};
         // (the step's 4 e8m0 bytes lie in one row chunk: 2048 bytes hold whole steps)
-        cp_async4(st + T::kWeightBytes + r * kStepScales, scales + h.scale, in);
-      }
-      unsigned char* acts = st + T::kWeightBytes + T::kScaleBytes;
-      for (int u = tid; u < kBm * (kActRowBytes / 16); u += kThreads) {
-        const int r = u / (kActRowBytes / 16), c = u % (kActRowBytes / 16);
-        const int row = m_tile * kBm + r, k = ks * kStepElems + 8 * c;
-        const bool in = row < rows_m && k < m.k;
-        const __nv_bfloat16* src = a + (in ? row * lda + k : 0);
-        cp_async16(acts + r * kActRowBytes + 16 * act_unit(c, r), src, in);
+        cp_async4(wts + T::kWeightBytes + r * kStepScales, scales + h.scale, in);
       }
     };
 
-    float acc[2][T::kNt][4];
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < T::kNt; ++ni)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.0f;
+    float acc[kBm / 2];          // (the first step's mma overwrite it)
+    uint32_t af[2][kKSteps][4];  // the A fragments of two steps
 
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_steps) load_step(s, s);
-      cp_async_commit();
-    }
-    for (int ks = 0; ks < k_steps; ++ks) {
-      cp_async_wait<kStages - 2>();
-      __syncthreads();
-      if (ks + kStages - 1 < k_steps) load_step((ks + kStages - 1) % kStages, ks + kStages - 1);
-      cp_async_commit();
-
-      const unsigned char* st = smem + (ks % kStages) * T::kStageBytes;
-      const unsigned char* acts = st + T::kWeightBytes + T::kScaleBytes;
-      // the warp's pieces of rows g and g + 8 of its two m16 tiles, and their e8m0 bytes
-      uint4 wlo[2][T::kPieces], whi[2][T::kPieces];
-      uint32_t slo[2][T::kPieces], shi[2][T::kPieces];
-      uint32_t largest = 0;
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const int r = warp_n * 32 + mi * 16 + gq;
-#pragma unroll
-        for (int q = 0; q < T::kPieces; ++q) {
-          const int off = 64 * q + 16 * t;  // the piece's byte in the row's step
-          wlo[mi][q] = *reinterpret_cast<const uint4*>(st + r * T::kRowBytes + off);
-          whi[mi][q] = *reinterpret_cast<const uint4*>(st + (r + 8) * T::kRowBytes + off);
-          const int grp_byte = off * T::kElems / kMxGroup;
-          slo[mi][q] = st[T::kWeightBytes + r * kStepScales + grp_byte];
-          shi[mi][q] = st[T::kWeightBytes + (r + 8) * kStepScales + grp_byte];
-          largest = max(largest, max(slo[mi][q], shi[mi][q]));
-        }
-      }
-      // (warp-wide: the mma is one instruction of the warp's lanes; experts_mx.cuh)
-      const bool two_steps = __any_sync(0xffffffffu, largest > MxBits<F>::kOneStepMax);
-      auto mma_step = [&](auto two) {
+    // step ks's A fragments into af[kBuf] and its 8 mma, committed as one group; the group of
+    // step ks - 1 (the other buffer's) is then waited for
+    auto compute_step = [&](int ks, auto buf) {
+      constexpr int kBuf = decltype(buf)::value;
+      const unsigned char* st = smem + (ks % kS) * T::kStageBytes;
+      const unsigned char* wts = st + T::kActBytes;
+      const uint32_t s_lo =
+          *reinterpret_cast<const uint32_t*>(wts + T::kWeightBytes + row_lo * kStepScales);
+      const uint32_t s_hi =
+          *reinterpret_cast<const uint32_t*>(wts + T::kWeightBytes + (row_lo + 8) * kStepScales);
+      // (warp-wide: a warp's lanes take one path; experts_mx.cuh)
+      const uint32_t big = MxBits<F>::kOneStepMax * 0x01010101u;
+      const bool two_steps =
+          __any_sync(0xffffffffu, (__vcmpgtu4(s_lo, big) | __vcmpgtu4(s_hi, big)) != 0);
+      auto make = [&](auto two) {
         constexpr bool kTwo = decltype(two)::value;
 #pragma unroll
-        for (int q = 0; q < T::kPieces; ++q) {
-          uint32_t f_lo[2], g_lo[2], f_hi[2], g_hi[2];
+        for (int grp32 = 0; grp32 < kStepScales; ++grp32) {
+          uint32_t f_lo, g_lo, f_hi, g_hi;
+          mx_factors<F, kTwo>(s_lo >> (8 * grp32) & 0xff, f_lo, g_lo);
+          mx_factors<F, kTwo>(s_hi >> (8 * grp32) & 0xff, f_hi, g_hi);
 #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
-            mx_factors<F, kTwo>(slo[mi][q], f_lo[mi], g_lo[mi]);
-            mx_factors<F, kTwo>(shi[mi][q], f_hi[mi], g_hi[mi]);
-          }
-#pragma unroll
-          for (int j = 0; j < T::kSteps; ++j) {
-            uint32_t af[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi) {
-              const uint32_t lw[4] = {wlo[mi][q].x, wlo[mi][q].y, wlo[mi][q].z, wlo[mi][q].w};
-              const uint32_t hw[4] = {whi[mi][q].x, whi[mi][q].y, whi[mi][q].z, whi[mi][q].w};
-              af[mi][0] = mx_weight<kTwo>(mx_pair_bits(F, lw, 2 * j), f_lo[mi], g_lo[mi]);
-              af[mi][1] = mx_weight<kTwo>(mx_pair_bits(F, hw, 2 * j), f_hi[mi], g_hi[mi]);
-              af[mi][2] = mx_weight<kTwo>(mx_pair_bits(F, lw, 2 * j + 1), f_lo[mi], g_lo[mi]);
-              af[mi][3] = mx_weight<kTwo>(mx_pair_bits(F, hw, 2 * j + 1), f_hi[mi], g_hi[mi]);
+          for (int h = 0; h < 2; ++h) {
+            const int kk = 2 * grp32 + h;  // the wgmma k-step: elements 16 kk .. 16 kk + 15
+            uint32_t wl[2], wh[2];         // the words of elements 16 kk + 2t (+ 8)
+            if constexpr (F == ExpertFormat::Mxfp4) {
+              // unit grp32's words 2h, 2h + 1
+              const int off_lo = row_lo * T::kRowBytes + 16 * weight_unit<F>(grp32, row_lo) + 8 * h;
+              const int off_hi =
+                  (row_lo + 8) * T::kRowBytes + 16 * weight_unit<F>(grp32, row_lo + 8) + 8 * h;
+              const uint2 l = *reinterpret_cast<const uint2*>(wts + off_lo);
+              const uint2 u = *reinterpret_cast<const uint2*>(wts + off_hi);
+              wl[0] = l.x, wl[1] = l.y, wh[0] = u.x, wh[1] = u.y;
+            } else {
+              // unit kk's words t / 2 and 2 + t / 2
+              const int off_lo =
+                  row_lo * T::kRowBytes + 16 * weight_unit<F>(kk, row_lo) + 4 * (t >> 1);
+              const int off_hi =
+                  (row_lo + 8) * T::kRowBytes + 16 * weight_unit<F>(kk, row_lo + 8) + 4 * (t >> 1);
+              wl[0] = *reinterpret_cast<const uint32_t*>(wts + off_lo);
+              wl[1] = *reinterpret_cast<const uint32_t*>(wts + off_lo + 8);
+              wh[0] = *reinterpret_cast<const uint32_t*>(wts + off_hi);
+              wh[1] = *reinterpret_cast<const uint32_t*>(wts + off_hi + 8);
             }
-            // the tokens' activations at elements e .. e + 3 of the step: 8 bytes of unit
-            // c = byte / 16 of each token's row
-            const int byte = 2 * (64 * q + 16 * t) * T::kElems + 8 * j;
-            const int c = byte / 16, half = byte % 16;
-#pragma unroll
-            for (int ni = 0; ni < T::kNt; ++ni) {
-              const int r = warp_m * T::kWarpTokens + ni * 8 + gq;
-              const uint2 b = *reinterpret_cast<const uint2*>(acts + r * kActRowBytes +
-                                                              16 * act_unit(c, r) + half);
-#pragma unroll
-              for (int mi = 0; mi < 2; ++mi) {
-                mma_bf16(acc[mi][ni], af[mi][0], af[mi][1], af[mi][2], af[mi][3], b.x, b.y);
-              }
-            }
+            af[kBuf][kk][0] = mx_weight<kTwo>(pair_bits<F>(wl[0], pick), f_lo, g_lo);
+            af[kBuf][kk][1] = mx_weight<kTwo>(pair_bits<F>(wh[0], pick), f_hi, g_hi);
+            af[kBuf][kk][2] = mx_weight<kTwo>(pair_bits<F>(wl[1], pick), f_lo, g_lo);
+            af[kBuf][kk][3] = mx_weight<kTwo>(pair_bits<F>(wh[1], pick), f_hi, g_hi);
           }
         }
       };
       if (two_steps) {
-        mma_step(std::true_type{});
+        make(std::true_type{});
       } else {
-        mma_step(std::false_type{});
+        make(std::false_type{});
+      }
+      const uint32_t acts = smem_addr(st);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        wgmma::mma_rs_bf16<kBm>(
+            acc, af[kBuf][kk],
+            wgmma::b_desc_sw128(acts + (kk >> 2) * (kBm * kAtomBytes) + 32 * (kk & 3)),
+            ks > 0 || kk > 0);
+      }
+      wgmma::commit();
+      wgmma::wait<1>();
+    };
+
+    // the ring: step ks's copies wait for their group, every thread's writes are made visible
+    // to the mma's reads, and the barrier also means every warpgroup has waited for the mma of
+    // step ks - 2, whose stage the copies of step ks + kAhead then take
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      if (s < k_steps) load_step(s, s);
+      cp_async_commit();
+    }
+    auto ring_step = [&](int ks) {
+      cp_async_wait<kAhead - 1>();
+      wgmma::fence_proxy_async_shared();
+      __syncthreads();
+      if (ks + kAhead < k_steps) load_step((ks + kAhead) % kS, ks + kAhead);
+      cp_async_commit();
+    };
+    for (int ks = 0; ks < k_steps; ks += 2) {
+      ring_step(ks);
+      compute_step(ks, std::integral_constant<int, 0>{});
+      if (ks + 1 < k_steps) {
+        ring_step(ks + 1);
+        compute_step(ks + 1, std::integral_constant<int, 1>{});
       }
     }
+    wgmma::wait<0>();
+#pragma unroll
+    for (int i = 0; i < kBm / 2; ++i) wgmma::fence_operand(acc[i]);
     cp_async_wait<0>();
     __syncthreads();  // the stages are the next tile's
 
-    // D[token][column]: column = the held row's place in the matrix (gate rows, then up rows)
+    // D[token][column]: column = the held row's place in the matrix (gate rows, then up rows);
+    // acc[4 i + 2 h + e] is row row_lo + 8 h, token 8 i + 2 t + e
     __nv_bfloat16* d = g.d[grp];
     const long long ldd = g.stride_d[grp];
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
+    for (int h = 0; h < 2; ++h) {
+      const int r = row_lo + 8 * h;
+      if (n_tile * kBn + r >= m.rows) continue;
+      const int col = mx_tile_row(m.gate_up, m.rows, n_tile * 8 + r / 16, r % 16);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp_n * 32 + mi * 16 + gq + 8 * h;
-        if (n_tile * kBn + r >= m.rows) continue;
-        const int col = mx_tile_row(m.gate_up, m.rows, n_tile * 8 + r / 16, r % 16);
+      for (int i = 0; i < kBm / 8; ++i) {
 #pragma unroll
-        for (int ni = 0; ni < T::kNt; ++ni) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int row = m_tile * kBm + warp_m * T::kWarpTokens + ni * 8 + 2 * t + e;
-            if (row < rows_m) d[row * ldd + col] = __float2bfloat16_rn(acc[mi][ni][2 * h + e]);
-          }
+        for (int e = 0; e < 2; ++e) {
+          const int row = m_tile * kBm + 8 * i + 2 * t + e;
+          if (row < rows_m) d[row * ldd + col] = __float2bfloat16_rn(acc[4 * i + 2 * h + e]);
         }
       }
     }
@@ -334,6 +388,13 @@ void run_prefill_gemm_mx(const MxMatrices& m, const PrefillGroupArrays& arrays, 
                reinterpret_cast<uintptr_t>(m.scales) % 4 == 0,
            "run_prefill_gemm_mx: expected packed 16-byte and scales 4-byte aligned, got "
                << static_cast<const void*>(m.packed) << ", " << static_cast<const void*>(m.scales));
+  int device = 0, major = 0, minor = 0;
+  MK_CUDA_CHECK(cudaGetDevice(&device));
+  MK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MK_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  MK_CHECK(major == 9 && minor == 0,
+           "run_prefill_gemm_mx: the packed MX GEMM runs on sm_90 (Hopper), this GPU is sm_"
+               << major << minor);
   const bool fp4 = m.format == ExpertFormat::Mxfp4;
   if (tile_m == 128) {
     fp4 ? launch<ExpertFormat::Mxfp4, 128>(m, arrays, groups, stream)
