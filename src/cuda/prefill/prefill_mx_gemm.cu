@@ -388,13 +388,8 @@ void run_prefill_gemm_mx(const MxMatrices& m, const PrefillGroupArrays& arrays, 
                reinterpret_cast<uintptr_t>(m.scales) % 4 == 0,
            "run_prefill_gemm_mx: expected packed 16-byte and scales 4-byte aligned, got "
                << static_cast<const void*>(m.packed) << ", " << static_cast<const void*>(m.scales));
-  int device = 0, major = 0, minor = 0;
-  MK_CUDA_CHECK(cudaGetDevice(&device));
-  MK_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  MK_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  MK_CHECK(major == 9 && minor == 0,
-           "run_prefill_gemm_mx: the packed MX GEMM runs on sm_90 (Hopper), this GPU is sm_"
-               << major << minor);
+  const char* why = nullptr;  // (its warpgroup mma is sm_90a's, as the CUTLASS instances are)
+  MK_CHECK(prefill_gemm_supported(&why), "run_prefill_gemm_mx: " << why);
   const bool fp4 = m.format == ExpertFormat::Mxfp4;
   if (tile_m == 128) {
     fp4 ? launch<ExpertFormat::Mxfp4, 128>(m, arrays, groups, stream)
