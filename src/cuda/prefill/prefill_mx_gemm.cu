@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
 
-    float acc[kBm / 2];          // (the first step's mma overwrite it)
+    float acc[kBm / 2];          // (the first step's first mma overwrites it)
     uint32_t af[2][kKSteps][4];  // the A fragments of two steps
 
     // step ks's A fragments into af[kBuf] and its 8 mma, committed as one group; the group of
