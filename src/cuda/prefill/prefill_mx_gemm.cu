@@ -23,6 +23,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/wgmma.cuh"
+#include "cuda/experts/bulk_copy.cuh"
 #include "cuda/experts/experts_common.cuh"
 #include "cuda/experts/experts_mx.cuh"
 #include "cuda/experts/experts_mx_layout.h"
@@ -35,6 +36,7 @@ namespace {
 using experts_detail::mx_factors;
 using experts_detail::mx_weight;
 using experts_detail::MxBits;
+using experts_detail::smem_addr;
 
 constexpr int kThreads = 256;    // two warpgroups
 constexpr int kBn = 128;         // weight rows a tile: 8 held tiles, 64 a warpgroup
@@ -63,10 +65,6 @@ struct Tile {
   static constexpr int kSmemBytes = kStages * kStageBytes + kTailBytes;
   static_assert(kStageBytes % 1024 == 0 && kStages >= 3, "the ring's stages");
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // 16 (or 4) bytes from global to shared, zero-filled where `valid` is false (src not read).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
